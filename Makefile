@@ -1,0 +1,27 @@
+# Two venvs live in the cache folder ($MARLAAS_CACHE, default ~/.cache/areal-marlaas):
+# the AReaL venv (plugin + trainer) and the vLLM venv (rollout server).
+CACHE ?= $(or $(MARLAAS_CACHE),$(HOME)/.cache/areal-marlaas)
+AREAL_VENV ?= $(or $(MARLAAS_AREAL_VENV),$(CACHE)/venv-areal)
+PY := $(AREAL_VENV)/bin/python
+CONFIG ?= configs/quickstart.yaml
+
+.PHONY: setup test test-slow lint quickstart bench-rollout
+
+setup:
+	bash scripts/setup.sh
+
+test: setup
+	$(PY) -m pytest
+
+test-slow: setup
+	$(PY) -m pytest -m slow
+
+lint: setup
+	$(AREAL_VENV)/bin/ruff check . && $(AREAL_VENV)/bin/ruff format --check .
+
+quickstart: setup
+	$(AREAL_VENV)/bin/marlaas check --config $(CONFIG)
+	$(AREAL_VENV)/bin/marlaas rollout --config $(CONFIG)
+
+bench-rollout: setup
+	$(AREAL_VENV)/bin/marlaas bench-rollout --config $(CONFIG)

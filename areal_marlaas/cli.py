@@ -1,0 +1,173 @@
+"""The ``marlaas`` command: prepare-model, make-tiny-model, check, serve."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _prepare_model(args: argparse.Namespace) -> int:
+    from areal_marlaas.models import prepare_default_model
+
+    print(prepare_default_model(args.out, force=args.force))
+    return 0
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    from areal_marlaas.models import make_tiny_model
+
+    print(make_tiny_model(args.out, arch=args.arch, seed=args.seed))
+    return 0
+
+
+def _check(rest: list[str]) -> int:
+    """Validate a config and its tasks without running anything."""
+    from areal_marlaas.check import check_config
+    from areal_marlaas.config import load_config
+
+    cfg, config_file = load_config(rest)
+    reports = check_config(cfg)
+    print(f"{config_file}: {len(reports)} task(s)")
+    print(f"{'task':<16} {'kind':<16} {'rows':>7} {'KV/batch MiB':>12}  reward_fn")
+    for r in reports:
+        print(
+            f"{r.name:<16} {r.kind:<16} {r.rows:>7} {r.kv_bytes / 2**20:>12.1f}  "
+            f"{r.reward_fn}"
+        )
+    print("OK")
+    return 0
+
+
+def _serve(rest: list[str]) -> int:
+    """Run the shared server in the foreground \
+(attach trainers with server.addresses)."""
+    import signal
+    import threading
+
+    from areal_marlaas.config import load_config
+    from areal_marlaas.rollout.server import VLLMServer
+
+    cfg, _ = load_config(rest)
+    log = cfg.server.log_file or "vllm_server.log"
+    server = VLLMServer(cfg.vllm.model, cfg.vllm, cfg.server, log)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with server:
+        print(f"serving on {server.address} (log: {log}); Ctrl-C stops", flush=True)
+        try:
+            while server.alive() and not stop.wait(1):
+                pass
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def _rollout(rest: list[str]) -> int:
+    """One rollout batch per task on the shared multi-LoRA server (no training)."""
+    from areal_marlaas.config import load_config
+    from areal_marlaas.rollout_bench import print_table, rollout_once
+
+    cfg, _ = load_config(rest)
+    result = rollout_once(cfg)
+    print_table(
+        f"one batch per task, all tasks at once ({result['wall_s']:.1f}s, server "
+        f"start {result['server_start_s'] or 0:.1f}s)",
+        result["tasks"],
+        [
+            "task",
+            "adapter",
+            "trajectories",
+            "failed",
+            "tokens",
+            "reward_mean",
+            "wall_s",
+        ],
+    )
+    return 0
+
+
+def _bench_rollout(rest: list[str]) -> int:
+    """Tokens/s of a mixed multi-adapter batch vs a single-adapter batch."""
+    import argparse
+
+    from areal_marlaas.config import load_config
+    from areal_marlaas.rollout_bench import (
+        bench_rollout,
+        print_table,
+        run_dir,
+        write_json,
+    )
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--out", default=None)
+    opts, rest = parser.parse_known_args(rest)
+    cfg, _ = load_config(rest)
+    result = bench_rollout(cfg, opts.max_new_tokens, opts.repeats)
+    rows = [
+        {"mode": mode, **run, "adapters": len(run["adapters"])}
+        for mode, data in result["modes"].items()
+        for run in data["runs"]
+    ]
+    print_table(
+        f"rollout throughput, server start {result['server_start_s'] or 0:.1f}s",
+        rows,
+        ["mode", "adapters", "sequences", "failed", "tokens", "wall_s", "tokens_per_s"],
+    )
+    print(f"mixed / single tokens/s: {result['mixed_over_single']:.3f}")
+    out = Path(opts.out) if opts.out else run_dir(cfg) / "bench_rollout.json"
+    write_json(out, result)
+    print(f"wrote {out}")
+    return 0
+
+
+# Commands that take `--config X.yaml [--tasks T.yaml] [key=value ...]`.
+_CONFIG_COMMANDS = {
+    "check": _check,
+    "serve": _serve,
+    "rollout": _rollout,
+    "bench-rollout": _bench_rollout,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _CONFIG_COMMANDS:
+        from areal_marlaas.config import ConfigError
+
+        try:
+            return _CONFIG_COMMANDS[argv[0]](argv[1:])
+        except ConfigError as e:
+            print(f"marlaas {argv[0]}: error: {e}", file=sys.stderr)
+            return 2
+    parser = argparse.ArgumentParser(prog="marlaas", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "prepare-model", help="Convert SmolLM2-135M-Instruct (PyPI GGUF)"
+    )
+    p.add_argument("--out", default=None, help="Target folder (default: the cache)")
+    p.add_argument("--force", action="store_true", help="Rebuild even if present")
+    p.set_defaults(fn=_prepare_model)
+
+    for name, fn in _CONFIG_COMMANDS.items():
+        sub.add_parser(
+            name,
+            help=(fn.__doc__ or name).splitlines()[0],
+            usage=f"marlaas {name} --config X.yaml [--tasks T.yaml] [key=value ...]",
+        )
+
+    p = sub.add_parser("make-tiny-model", help="Write a tiny random model for tests")
+    p.add_argument("--out", required=True)
+    p.add_argument("--arch", choices=["llama", "qwen3"], default="llama")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=_make_tiny_model)
+
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,447 @@
+"""MARLaaS configuration: AReaL's GRPOConfig plus tenant tasks and the rollout server.
+
+Tasks come from the main YAML (``tasks:``), from a tasks YAML named by ``tasks_file``
+in it or on the command line (``tasks_file=...`` or ``--tasks FILE``). Every field,
+task fields included, takes hydra-style overrides (``tasks.0.batch_size=8``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from areal.api.cli_args import (
+    ClusterSpecConfig,
+    EvaluatorConfig,
+    GRPOConfig,
+    InferenceEngineConfig,
+    PPOActorConfig,
+    RecoverConfig,
+    SaverConfig,
+    SchedulerConfig,
+    StatsLoggerConfig,
+    TrainDatasetConfig,
+    to_structured_cfg,
+)
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from areal_marlaas.adapters import VLLM_LORA_RANKS
+from areal_marlaas.errors import ConfigError
+from areal_marlaas.paths import default_model_path
+from areal_marlaas.rollout.server import MultiLoRAvLLMConfig, RolloutServerConfig
+from areal_marlaas.tasks import KINDS
+
+# Task names become adapter names and folder names: keep them path- and URL-safe.
+TASK_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
+
+
+@dataclass
+class TaskDatasetConfig:
+    """Where a task's prompts come from."""
+
+    path: str = field(
+        default="",
+        metadata={
+            "help": "jsonl/json file, folder with <split>.jsonl, or hub id. Empty for "
+            "synthetic kinds (addition, multiplication)."
+        },
+    )
+    split: str = field(default="train", metadata={"help": "Dataset split."})
+    size: int = field(
+        default=0,
+        metadata={
+            "help": "Rows to use: synthetic kinds generate this many (0 = 1024); "
+            "file datasets are cut to it (0 = all)."
+        },
+    )
+    digits: int = field(
+        default=2, metadata={"help": "Synthetic arithmetic: digits per operand."}
+    )
+
+
+@dataclass
+class TaskSpec:
+    """One tenant task: its own LoRA adapter, data, reward and GRPO settings."""
+
+    name: str = field(
+        default=MISSING,
+        metadata={"help": "Unique id: lowercase letters, digits, '_' (max 48)."},
+    )
+    kind: str = field(
+        default="",
+        metadata={"help": f"Built-in task kind: one of {sorted(KINDS)}."},
+    )
+    workflow: str = field(
+        default="",
+        metadata={
+            "help": "Import path of a RolloutWorkflow to use instead of the kind's "
+            "default (needs reward_fn and dataset.path when kind is empty)."
+        },
+    )
+    dataset: TaskDatasetConfig = field(default_factory=TaskDatasetConfig)
+    reward_fn: str = field(
+        default="",
+        metadata={
+            "help": "Import path of fn(prompt, completions, ..., **row); "
+            "empty = the kind's default."
+        },
+    )
+    batch_size: int = field(default=8, metadata={"help": "Prompts per step."})
+    n_samples: int = field(
+        default=4, metadata={"help": "Completions per prompt (the GRPO group)."}
+    )
+    max_new_tokens: int = field(default=64, metadata={"help": "Generation cap."})
+    max_prompt_tokens: int = field(
+        default=256,
+        metadata={
+            "help": "Longest prompt kept (longer rows are dropped); also the "
+            "prompt length in KV-cache estimates."
+        },
+    )
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
+    total_steps: int = field(default=10, metadata={"help": "Training steps to run."})
+    lr: float = field(default=1e-4, metadata={"help": "AdamW learning rate."})
+    seed: int = field(default=1, metadata={"help": "Data order and sampling seed."})
+    priority: int = field(
+        default=0, metadata={"help": "Admission priority (higher goes first)."}
+    )
+    lora_rank: int | None = field(
+        default=None,
+        metadata={
+            "help": "Must equal actor.lora_rank (one shared LoRA slot); None = inherit."
+        },
+    )
+    lora_alpha: int | None = field(
+        default=None, metadata={"help": "Must equal actor.lora_alpha; None = inherit."}
+    )
+    target_modules: list[str] | None = field(
+        default=None,
+        metadata={"help": "Must equal actor.target_modules; None = inherit."},
+    )
+
+    def __post_init__(self):
+        where = f"task {self.name!r}"
+        if not isinstance(self.name, str) or not TASK_NAME.match(self.name):
+            raise ConfigError(
+                f"{where}: name must match {TASK_NAME.pattern} (lowercase letters, "
+                "digits, '_'; it becomes a folder and an adapter name)."
+            )
+        if not self.kind and not self.workflow:
+            raise ConfigError(
+                f"{where}: set kind (one of {sorted(KINDS)}) or workflow (import path)."
+            )
+        if self.kind and self.kind not in KINDS:
+            raise ConfigError(
+                f"{where}: unknown kind {self.kind!r}; choose one of {sorted(KINDS)} "
+                "or set workflow to an import path."
+            )
+        if not self.kind:
+            if not self.reward_fn:
+                raise ConfigError(f"{where}: reward_fn is required when kind is empty.")
+            if not self.dataset.path:
+                raise ConfigError(
+                    f"{where}: dataset.path is required when kind is empty."
+                )
+        elif KINDS[self.kind].needs_path and not self.dataset.path:
+            raise ConfigError(
+                f"{where}: kind {self.kind!r} needs dataset.path (a file, a folder "
+                "with <split>.jsonl, or a hub id)."
+            )
+        positive = {
+            "batch_size": self.batch_size,
+            "max_new_tokens": self.max_new_tokens,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "total_steps": self.total_steps,
+        }
+        for key, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{where}: {key} must be >= 1, got {value}.")
+        if self.n_samples < 2:
+            raise ConfigError(
+                f"{where}: n_samples must be >= 2 (GRPO normalizes rewards within "
+                f"each prompt's group), got {self.n_samples}."
+            )
+        if not 0 < self.temperature <= 2:
+            raise ConfigError(
+                f"{where}: temperature must be in (0, 2], got {self.temperature}."
+            )
+        if not self.lr > 0:
+            raise ConfigError(f"{where}: lr must be > 0, got {self.lr}.")
+        if self.dataset.size < 0:
+            raise ConfigError(f"{where}: dataset.size must be >= 0.")
+        if not 1 <= self.dataset.digits <= 9:
+            raise ConfigError(f"{where}: dataset.digits must be in [1, 9].")
+
+    @property
+    def reward_fn_path(self) -> str:
+        return self.reward_fn or KINDS[self.kind].reward_fn
+
+
+# Nested AReaL configs take the run names from the top level unless a YAML says
+# otherwise.
+_RUN = {"experiment_name": "${experiment_name}", "trial_name": "${trial_name}"}
+_RUN_ROOT = {**_RUN, "fileroot": "${cluster.fileroot}"}
+_ACTOR_DEFAULTS = dict(
+    **_RUN,
+    path="",
+    backend="fsdp:d1",
+    attn_impl="sdpa",
+    dtype="float32",
+    use_lora=True,
+    lora_rank=8,
+    lora_alpha=16,
+    target_modules=["all-linear"],
+    weight_update_mode="disk",
+    ppo_n_minibatches=1,
+    use_decoupled_loss=False,
+)
+
+
+@dataclass
+class MARLaaSConfig(GRPOConfig):
+    """GRPOConfig for many tenant tasks sharing one base model (one LoRA per task).
+
+    Compared with GRPOConfig, the run-name plumbing of the nested configs
+    (saver, stats_logger, actor, ...) defaults to the top-level names, so a YAML
+    only needs ``experiment_name``, ``trial_name`` and the tasks.
+    """
+
+    tasks: list[TaskSpec] = field(
+        default_factory=list, metadata={"help": "The tenant tasks."}
+    )
+    tasks_file: str = field(
+        default="",
+        metadata={
+            "help": "YAML with a top-level `tasks:` list (or a bare list); relative "
+            "paths resolve against the working directory, then the main YAML."
+        },
+    )
+    server: RolloutServerConfig = field(
+        default_factory=RolloutServerConfig,
+        metadata={"help": "The shared multi-LoRA vLLM server (launch or attach)."},
+    )
+    vllm: MultiLoRAvLLMConfig = field(default_factory=MultiLoRAvLLMConfig)
+    cluster: ClusterSpecConfig = field(
+        default_factory=lambda: ClusterSpecConfig(fileroot="/tmp/areal-marlaas")
+    )
+    actor: PPOActorConfig = field(
+        default_factory=lambda: PPOActorConfig(**_ACTOR_DEFAULTS)
+    )
+    rollout: InferenceEngineConfig = field(
+        default_factory=lambda: InferenceEngineConfig(
+            **_RUN,
+            backend="vllm:d1",
+            use_lora=True,
+            max_head_offpolicyness=0,
+            max_concurrent_rollouts=256,
+        )
+    )
+    train_dataset: TrainDatasetConfig = field(
+        default_factory=lambda: TrainDatasetConfig(path="", type="rl"),
+        metadata={"help": "Unused: each task names its own dataset."},
+    )
+    saver: SaverConfig = field(default_factory=lambda: SaverConfig(**_RUN_ROOT))
+    evaluator: EvaluatorConfig = field(
+        default_factory=lambda: EvaluatorConfig(**_RUN_ROOT)
+    )
+    stats_logger: StatsLoggerConfig = field(
+        default_factory=lambda: StatsLoggerConfig(**_RUN_ROOT)
+    )
+    recover: RecoverConfig = field(default_factory=lambda: RecoverConfig(**_RUN_ROOT))
+    scheduler: SchedulerConfig = field(
+        default_factory=lambda: SchedulerConfig(type="local")
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.actor.path:
+            self.actor.path = str(default_model_path())
+        if not self.tokenizer_path:
+            self.tokenizer_path = self.actor.path
+        if not self.vllm.model:
+            self.vllm.model = self.actor.path
+        if not self.tasks:
+            raise ConfigError(
+                "no tasks: give a tasks YAML (--tasks FILE or tasks_file=FILE) or an "
+                "inline `tasks:` list."
+            )
+        seen: set[str] = set()
+        for i, task in enumerate(self.tasks):
+            if task.name in seen:
+                raise ConfigError(
+                    f"tasks.{i}: duplicate task name {task.name!r}; "
+                    "names must be unique."
+                )
+            seen.add(task.name)
+        self._check_lora_slot()
+        self._check_lengths()
+
+    def _check_lora_slot(self) -> None:
+        actor = self.actor
+        if not actor.use_lora:
+            raise ConfigError(
+                "actor.use_lora must be true: every task is a LoRA adapter."
+            )
+        if actor.lora_rank not in VLLM_LORA_RANKS:
+            raise ConfigError(
+                f"actor.lora_rank={actor.lora_rank} is not a rank vLLM serves; use one "
+                f"of {list(VLLM_LORA_RANKS)}."
+            )
+        if actor.lora_rank > self.vllm.max_lora_rank:
+            raise ConfigError(
+                f"actor.lora_rank={actor.lora_rank} exceeds vllm.max_lora_rank="
+                f"{self.vllm.max_lora_rank}; raise vllm.max_lora_rank."
+            )
+        shared = {
+            "lora_rank": actor.lora_rank,
+            "lora_alpha": actor.lora_alpha,
+            "target_modules": list(actor.target_modules),
+        }
+        for i, task in enumerate(self.tasks):
+            for key, want in shared.items():
+                got = getattr(task, key)
+                if (
+                    got is not None
+                    and (list(got) if key == "target_modules" else got) != want
+                ):
+                    raise ConfigError(
+                        f"tasks.{i} ({task.name!r}): {key}={got} differs from "
+                        "the shared "
+                        f"LoRA slot (actor.{key}={want}); all tasks share one slot, so "
+                        f"drop tasks.{i}.{key} or change actor.{key}."
+                    )
+
+    def _check_lengths(self) -> None:
+        limit = self.vllm.max_model_len
+        for i, task in enumerate(self.tasks):
+            need = task.max_prompt_tokens + task.max_new_tokens
+            if limit is not None and need > limit:
+                raise ConfigError(
+                    f"tasks.{i} ({task.name!r}): max_prompt_tokens + max_new_tokens = "
+                    f"{need} exceeds vllm.max_model_len={limit}; lower them or raise "
+                    "vllm.max_model_len."
+                )
+
+
+def _resolve_tasks_path(tasks_file: str, config_file: Path) -> Path:
+    p = Path(tasks_file).expanduser()
+    if p.is_absolute() or p.exists():
+        return p
+    beside = config_file.parent / p
+    return beside if beside.exists() else p
+
+
+def _load_tasks(path: Path) -> ListConfig:
+    if not path.is_file():
+        raise ConfigError(f"tasks_file: {path} does not exist.")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as e:  # yaml errors come in many types
+        raise ConfigError(f"tasks_file: {path} is not valid YAML: {e}") from e
+    tasks = loaded.get("tasks") if isinstance(loaded, DictConfig) else loaded
+    if not isinstance(tasks, ListConfig):
+        raise ConfigError(
+            f"tasks_file: {path} must hold a `tasks:` list (or be a list of tasks)."
+        )
+    return tasks
+
+
+def _compose_yaml(config_file: Path) -> DictConfig:
+    """The main YAML through hydra, so `defaults:` lists and interpolation work."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_file.parent), version_base=None):
+        return compose(config_name=config_file.stem)
+
+
+def _apply_overrides(cfg: DictConfig, overrides: list[str]) -> None:
+    """Hydra's own override semantics (``a.b=1``, ``+new=1``, ``~key``)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+    except Exception as e:  # hydra's grammar errors
+        raise ConfigError(f"bad override syntax: {e}") from e
+    try:
+        ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
+    except OmegaConfBaseException:
+        raise
+    except Exception as e:
+        cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else None
+        if cause is not None:
+            raise cause from e
+        raise ConfigError(f"bad override: {e}") from e
+
+
+def _name_task(msg: str, raw: DictConfig) -> str:
+    """Append the task name to OmegaConf errors that point into ``tasks[i]``."""
+    m = re.search(r"tasks\[(\d+)\]", msg)
+    tasks = raw.get("tasks") if isinstance(raw, DictConfig) else None
+    if m and isinstance(tasks, ListConfig) and int(m.group(1)) < len(tasks):
+        name = tasks[int(m.group(1))].get("name", "?")
+        return f"{msg} (task {name!r})"
+    return msg
+
+
+def parse_args(argv: list[str]) -> tuple[Path, str | None, list[str]]:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config", required=True, help="Main YAML")
+    parser.add_argument(
+        "--tasks", default=None, help="Tasks YAML (overrides tasks_file)"
+    )
+    args, overrides = parser.parse_known_args(argv)
+    unknown = [o for o in overrides if o.startswith("--")]
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {unknown}; overrides look like key=value."
+        )
+    return Path(args.config).absolute(), args.tasks, overrides
+
+
+def load_config(argv: list[str]) -> tuple[MARLaaSConfig, Path]:
+    """``--config X.yaml [--tasks T.yaml] [key=value ...]`` -> validated config."""
+    config_file, tasks_arg, overrides = parse_args(argv)
+    if not config_file.is_file():
+        raise ConfigError(f"--config: {config_file} does not exist.")
+    raw = _compose_yaml(config_file)
+    tasks_file = tasks_arg
+    for o in overrides:
+        if o.startswith(("tasks_file=", "+tasks_file=")) and not tasks_arg:
+            tasks_file = o.split("=", 1)[1]
+    tasks_file = tasks_file or raw.get("tasks_file") or ""
+    if tasks_file:
+        if raw.get("tasks"):
+            raise ConfigError(
+                "tasks are given twice: inline `tasks:` in the main YAML and a tasks "
+                f"file ({tasks_file}); keep one."
+            )
+        path = _resolve_tasks_path(tasks_file, config_file)
+        with open_dict(raw):
+            raw.tasks = _load_tasks(path)
+            raw.tasks_file = str(path)
+    try:
+        # Overrides go onto the typed config, so every field (defaults included)
+        # takes `key=value`, and a misspelt key is rejected by the schema.
+        structured = to_structured_cfg(raw, MARLaaSConfig)
+        _apply_overrides(structured, [o for o in overrides if "tasks_file=" not in o])
+        cfg = OmegaConf.to_object(structured)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_name_task(str(e).split("\n")[0] + _key_of(e), raw)) from e
+    except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(str(e)) from e
+    assert isinstance(cfg, MARLaaSConfig)
+    return cfg, config_file
+
+
+def _key_of(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", None)
+    return f" [at {key}]" if key else ""

@@ -1,0 +1,1 @@
+"""Rollout side: the shared multi-LoRA vLLM server and AReaL engine subclasses."""

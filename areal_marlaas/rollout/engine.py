@@ -1,0 +1,237 @@
+"""AReaL's remote vLLM engine with one versioned LoRA adapter per tenant task.
+
+AReaL keeps one engine-wide weight version and names adapters
+``<lora_name>-v<version>``. Here the version is per task: a request's task is its
+``gconfig.lora_name``; the request pins that task's current version for its whole
+life, so the payload's ``model`` and the ``output_versions`` of every token come
+from the same adapter. Publishing a new version loads a new name and unloads the old
+one once its requests drain; the server is never paused.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import requests
+from areal.api.cli_args import InferenceEngineConfig
+from areal.api.io_struct import (
+    HttpRequest,
+    ModelRequest,
+    ModelResponse,
+    WeightUpdateMeta,
+)
+from areal.engine.vllm_remote import RemotevLLMEngine, VLLMBackend
+from areal.infra.remote_inf_engine import RemoteInfEngine
+from areal.utils import logging
+
+from areal_marlaas.rollout.registry import AdapterRegistry, adapter_name
+
+logger = logging.getLogger("MARLaaSRollout")
+
+# The version the current request was pinned to (asyncio tasks copy contexts, so
+# concurrent requests of different tasks each see their own).
+_PINNED_VERSION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "marlaas_pinned_version", default=None
+)
+# The executor's global staleness gate counts accepted rollouts against ONE engine
+# version that never moves here; per-task on-policy is enforced by the scheduler.
+_NO_GLOBAL_STALENESS_GATE = 10**9
+
+
+class AdapterError(RuntimeError):
+    """The server refused to load or unload an adapter."""
+
+
+class MultiLoRAVLLMBackend(VLLMBackend):
+    """VLLMBackend plus the adapter unload request AReaL never sends."""
+
+    def build_lora_load_request(self, name: str, path: str | Path) -> HttpRequest:
+        return HttpRequest(
+            endpoint="/v1/load_lora_adapter",
+            payload={"lora_name": name, "lora_path": str(path)},
+        )
+
+    def build_lora_unload_request(self, name: str) -> HttpRequest:
+        return HttpRequest(
+            endpoint="/v1/unload_lora_adapter", payload={"lora_name": name}
+        )
+
+
+class MultiLoRARemoteInfEngine(RemoteInfEngine):
+    def __init__(self, config: InferenceEngineConfig, backend: MultiLoRAVLLMBackend):
+        if not config.use_lora:
+            raise ValueError("rollout.use_lora must be true for multi-LoRA rollout.")
+        config = dataclasses.replace(
+            config,
+            max_head_offpolicyness=max(
+                config.max_head_offpolicyness, _NO_GLOBAL_STALENESS_GATE
+            ),
+        )
+        super().__init__(config, backend)
+        self.adapters = AdapterRegistry()
+        self._retire_pool = ThreadPoolExecutor(4, thread_name_prefix="marlaas-retire")
+        self._http = requests.Session()
+        self._adapter_lock = threading.Lock()
+
+    # -- versions ---------------------------------------------------------------
+    def get_version(self) -> int:
+        pinned = _PINNED_VERSION.get()
+        return super().get_version() if pinned is None else pinned
+
+    def task_version(self, task: str) -> int:
+        return self.adapters.version(task)
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        task = req.gconfig.lora_name
+        with self.adapters.lease(task) as version:
+            token = _PINNED_VERSION.set(version)
+            try:
+                return await super().agenerate(req)
+            finally:
+                _PINNED_VERSION.reset(token)
+
+    # -- adapters ---------------------------------------------------------------
+    def _post_all(self, req: HttpRequest, ok_if: str | None = None) -> None:
+        for addr in self.addresses:
+            url = f"http://{addr}{req.endpoint}"
+            try:
+                resp = self._http.post(
+                    url, json=req.payload, timeout=self.config.request_timeout
+                )
+            except requests.RequestException as e:
+                raise AdapterError(f"{url}: {e}") from e
+            if resp.ok or (ok_if and ok_if in resp.text):
+                continue
+            raise AdapterError(
+                f"{url} {req.payload}: HTTP {resp.status_code} {resp.text}"
+            )
+
+    def load_adapter(self, task: str, version: int, path: str | Path) -> str:
+        """Load ``<task>-v<version>`` on every server (no switch, no unload)."""
+        name = adapter_name(task, version)
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise AdapterError(
+                f"{path} is not a PEFT adapter folder (no adapter_config.json)"
+            )
+        # Loading is idempotent: a restarted controller may re-load a live name.
+        self._post_all(
+            self.backend.build_lora_load_request(name, path),
+            ok_if="already been loaded",
+        )
+        return name
+
+    def register_task(self, task: str, version: int, path: str | Path) -> None:
+        """Load a task's starting adapter and route its requests to it."""
+        self.load_adapter(task, version, path)
+        self.adapters.set_current(task, version)
+
+    def publish(
+        self,
+        task: str,
+        version: int,
+        path: str | Path,
+        on_retired: Callable[[str], None] | None = None,
+    ) -> Future[str | None]:
+        """Serve ``<task>-v<version>`` from ``path`` to all new requests of ``task``.
+
+        Returns once the new name is live; the old name is unloaded in the
+        background after its in-flight requests finish (the returned future
+        resolves to the retired name). Other tasks are never paused.
+        """
+        with self._adapter_lock:
+            self.load_adapter(task, version, path)
+            old = self.adapters.set_current(task, version)
+        logger.info(f"published {adapter_name(task, version)}; retiring {old}")
+        if old is None:
+            done: Future[str | None] = Future()
+            done.set_result(None)
+            return done
+        return self._retire_pool.submit(self._retire, old, on_retired)
+
+    def _retire(self, name: str, on_retired: Callable[[str], None] | None) -> str:
+        if not self.adapters.wait_drained(name, timeout=self.config.request_timeout):
+            logger.warning(f"{name} still has requests after the timeout; unloading")
+        self._post_all(self.backend.build_lora_unload_request(name), ok_if="not found")
+        self.adapters.mark_retired(name)
+        logger.info(f"retired {name}")
+        if on_retired is not None:
+            on_retired(name)
+        return name
+
+    def update_weights_from_disk(self, meta: WeightUpdateMeta) -> Future[None]:
+        """AReaL's disk LoRA update path, per task: ``meta.lora_name`` is the task."""
+        if not meta.use_lora or meta.version is None:
+            raise ValueError("multi-LoRA engines only take versioned LoRA disk updates")
+        fut: Future[None] = Future()
+        try:
+            self.publish(meta.lora_name, meta.version, meta.path)
+            fut.set_result(None)
+        except Exception as e:  # surfaced through the future, as AReaL does
+            fut.set_exception(e)
+        return fut
+
+    def pause_generation(self) -> None:
+        # A LoRA update is a new adapter name: nothing in flight needs aborting.
+        logger.debug("pause_generation ignored: multi-LoRA updates never pause")
+
+    def continue_generation(self) -> None:
+        logger.debug("continue_generation ignored: the server is never paused")
+
+    # -- rollouts ---------------------------------------------------------------
+    def rollout_task(
+        self,
+        rows: list[dict[str, Any]],
+        workflow: Any,
+        workflow_kwargs: dict[str, Any] | None = None,
+        group_size: int = 1,
+        timeout: float | None = None,
+    ) -> list[dict[str, Any] | None]:
+        """One task's batch through the shared executor, waiting only for its own
+        episodes (``wait()`` would return other tasks' results too)."""
+        ids = [
+            self.submit(row, workflow, workflow_kwargs, group_size=group_size)
+            for row in rows
+        ]
+        return [self.wait_for_task(i, timeout=timeout) for i in ids]
+
+    def destroy(self) -> None:
+        self._retire_pool.shutdown(wait=False, cancel_futures=True)
+        super().destroy()
+
+
+class MultiLoRAvLLMEngine(RemotevLLMEngine):
+    """Drop-in RemotevLLMEngine with per-task versioned adapters."""
+
+    def __init__(self, config: InferenceEngineConfig):
+        super().__init__(config)
+        self._engine = MultiLoRARemoteInfEngine(config, MultiLoRAVLLMBackend())
+
+    @property
+    def adapters(self) -> AdapterRegistry:
+        return self._engine.adapters
+
+    @property
+    def addresses(self) -> list[str]:
+        return self._engine.addresses
+
+    def task_version(self, task: str) -> int:
+        return self._engine.task_version(task)
+
+    def register_task(self, task: str, version: int, path: str | Path) -> None:
+        self._engine.register_task(task, version, path)
+
+    def publish(self, task: str, version: int, path: str | Path, on_retired=None):
+        return self._engine.publish(task, version, path, on_retired)
+
+    def rollout_task(
+        self, rows, workflow, workflow_kwargs=None, group_size=1, timeout=None
+    ):
+        return self._engine.rollout_task(
+            rows, workflow, workflow_kwargs, group_size, timeout
+        )

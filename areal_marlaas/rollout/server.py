@@ -1,0 +1,300 @@
+"""Launch, health-check and stop the shared multi-LoRA vLLM server.
+
+The server runs from its own venv (vLLM's torch/transformers pins differ from
+AReaL's), so it is a plain ``vllm.entrypoints.openai.api_server`` process; the
+plugin talks to it over HTTP only. AReaL's own server wrapper is not used: it imports
+AReaL, and the plugin needs none of its pause/NCCL routes for disk LoRA updates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+from areal.api.cli_args import get_py_cmd, vLLMConfig
+from areal.utils import logging
+
+from areal_marlaas.paths import vllm_python
+
+logger = logging.getLogger("MARLaaSServer")
+
+PLATFORMS = ("auto", "cpu", "cuda", "npu")
+# AReaL's vLLMConfig fields that only make sense with AReaL's own server wrapper.
+_AREAL_ONLY_FIELDS = ("worker_extension_cls",)
+
+
+@dataclass
+class MultiLoRAvLLMConfig(vLLMConfig):
+    """AReaL's vLLM settings plus the multi-LoRA flags AReaL does not expose."""
+
+    max_cpu_loras: int = field(
+        default=0,
+        metadata={
+            "help": "Adapters kept loaded on the server (vLLM --max-cpu-loras). "
+            "0 = 2 x max_loras, so a task's old and new version can both be live."
+        },
+    )
+    enable_lora: bool = field(
+        default=True, metadata={"help": "Multi-LoRA serving; MARLaaS needs it on."}
+    )
+    max_model_len: int | None = field(
+        default=2048,
+        metadata={"help": "Context length the server reserves per sequence."},
+    )
+    max_num_seqs: int = field(
+        default=128, metadata={"help": "Sequences the server batches at once."}
+    )
+
+    def __post_init__(self):
+        if not self.enable_lora:
+            raise ValueError(
+                "vllm.enable_lora must be true: every MARLaaS task is a LoRA adapter."
+            )
+        if self.max_loras < 1:
+            raise ValueError(f"vllm.max_loras must be >= 1, got {self.max_loras}.")
+        if self.max_cpu_loras and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"vllm.max_cpu_loras ({self.max_cpu_loras}) must be >= vllm.max_loras "
+                f"({self.max_loras}); set it to 0 for the default (2 x max_loras)."
+            )
+
+
+@dataclass
+class RolloutServerConfig:
+    """Where the rollout server runs and how it is started."""
+
+    addresses: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "host:port of running vLLM servers to attach to. "
+            "Empty = launch one local server."
+        },
+    )
+    python: str = field(
+        default="",
+        metadata={
+            "help": "Python of the vLLM venv. Empty = $MARLAAS_VLLM_PYTHON or the "
+            "venv built by setup."
+        },
+    )
+    host: str = field(default="127.0.0.1", metadata={"help": "Bind address."})
+    port: int = field(default=0, metadata={"help": "Port; 0 picks a free one."})
+    platform: str = field(
+        default="auto",
+        metadata={
+            "help": "Accelerator of the server: auto|cpu|cuda|npu (npu = vLLM-Ascend).",
+            "choices": list(PLATFORMS),
+        },
+    )
+    startup_timeout_s: float = field(
+        default=600.0, metadata={"help": "Seconds to wait for /health after launch."}
+    )
+    cpu_kvcache_space_gib: float = field(
+        default=4.0,
+        metadata={"help": "CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)."},
+    )
+    cpu_omp_threads_bind: str = field(
+        default="auto",
+        metadata={
+            "help": "CPU only: cores for vLLM's compute (VLLM_CPU_OMP_THREADS_BIND)."
+        },
+    )
+    devices: str = field(
+        default="",
+        metadata={
+            "help": "Accelerator ids for the server (CUDA_VISIBLE_DEVICES or "
+            "ASCEND_RT_VISIBLE_DEVICES). Empty = inherit."
+        },
+    )
+    env: dict[str, str] = field(
+        default_factory=dict, metadata={"help": "Extra environment for the server."}
+    )
+    log_file: str = field(
+        default="", metadata={"help": "Server log; empty = <run dir>/vllm_server.log."}
+    )
+
+    def __post_init__(self):
+        if self.platform not in PLATFORMS:
+            raise ValueError(
+                f"server.platform must be one of {list(PLATFORMS)}, "
+                f"got {self.platform!r}."
+            )
+        for addr in self.addresses:
+            if ":" not in addr:
+                raise ValueError(
+                    f"server.addresses entry {addr!r} must be host:port (e.g. "
+                    "127.0.0.1:8000)."
+                )
+
+
+def detect_platform() -> str:
+    """The accelerator this machine would give the server."""
+    if Path("/dev/davinci0").exists() or os.environ.get("ASCEND_RT_VISIBLE_DEVICES"):
+        return "npu"
+    if Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi"):
+        return "cuda"
+    return "cpu"
+
+
+# KV block sizes the attention backends accept: CPU attention needs multiples of 32,
+# vLLM-Ascend works in 128-token blocks (its default).
+_BLOCK_MULTIPLE = {"cpu": 32, "npu": 128}
+
+
+def server_block_size(block_size: int, platform: str) -> int:
+    """The configured block size rounded up to what the platform's backend takes."""
+    multiple = _BLOCK_MULTIPLE.get(platform, 1)
+    return -(-block_size // multiple) * multiple
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def build_server_command(
+    model: str,
+    vllm_cfg: MultiLoRAvLLMConfig,
+    server: RolloutServerConfig,
+    port: int,
+    platform: str | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and extra environment that start one multi-LoRA server."""
+    platform = platform or (
+        detect_platform() if server.platform == "auto" else server.platform
+    )
+    cfg = dataclasses.replace(vllm_cfg, model=model)
+    if not cfg.max_cpu_loras:
+        cfg.max_cpu_loras = 2 * cfg.max_loras
+    cfg.block_size = server_block_size(cfg.block_size, platform)
+    args = vLLMConfig.build_args(cfg, tp_size=1, pp_size=1, host=server.host, port=port)
+    for name in _AREAL_ONLY_FIELDS:
+        args.pop(name, None)
+    if platform == "cpu":
+        # CPU attention has no GPU memory to profile; the KV size comes from env.
+        args.pop("gpu_memory_utilization", None)
+    argv = get_py_cmd("vllm.entrypoints.openai.api_server", args)
+    argv[0] = server.python or vllm_python()
+
+    # Runtime LoRA load/unload routes exist only with this flag.
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    if platform == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{server.cpu_kvcache_space_gib:g}"
+        env["VLLM_CPU_OMP_THREADS_BIND"] = server.cpu_omp_threads_bind
+    elif platform == "npu":
+        if server.devices:
+            env["ASCEND_RT_VISIBLE_DEVICES"] = server.devices
+        # Keep weights in ND layout so adapters can be swapped at run time.
+        env["VLLM_ASCEND_ENABLE_NZ"] = "0"
+    elif platform == "cuda" and server.devices:
+        env["CUDA_VISIBLE_DEVICES"] = server.devices
+    env.update(server.env)
+    return argv, env
+
+
+def is_healthy(address: str, timeout: float = 5.0) -> bool:
+    try:
+        return requests.get(f"http://{address}/health", timeout=timeout).ok
+    except requests.RequestException:
+        return False
+
+
+class VLLMServer:
+    """One local vLLM server process: ``start()`` blocks until healthy."""
+
+    def __init__(
+        self,
+        model: str,
+        vllm_cfg: MultiLoRAvLLMConfig,
+        server: RolloutServerConfig,
+        log_file: str | Path,
+    ):
+        self.model = model
+        self.vllm_cfg = vllm_cfg
+        self.server = server
+        self.log_file = Path(log_file)
+        self.port = server.port or free_port(server.host)
+        self.address = f"{server.host}:{self.port}"
+        self.process: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    def start(self) -> str:
+        argv, env = build_server_command(
+            self.model, self.vllm_cfg, self.server, self.port
+        )
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        logger.info(f"Starting vLLM server on {self.address} (log: {self.log_file})")
+        t0 = time.monotonic()
+        with open(self.log_file, "ab") as log:
+            self.process = subprocess.Popen(
+                argv,
+                env={**os.environ, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # so stop() can kill its worker processes too
+            )
+        deadline = t0 + self.server.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM server exited with code {self.process.returncode} during "
+                    f"startup; see {self.log_file}:\n{self.log_tail()}"
+                )
+            if is_healthy(self.address, timeout=2):
+                self.startup_s = time.monotonic() - t0
+                logger.info(
+                    f"vLLM server ready on {self.address} in {self.startup_s:.1f}s"
+                )
+                return self.address
+            time.sleep(1)
+        self.stop()
+        raise TimeoutError(
+            f"vLLM server not healthy after {self.server.startup_timeout_s}s "
+            f"(server.startup_timeout_s); see {self.log_file}:\n{self.log_tail()}"
+        )
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(
+                self.log_file.read_text(errors="replace").splitlines()[-lines:]
+            )
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.process is None:
+            return
+        # The server was started as a session leader: its pid is the group id, and
+        # killing the group also reaps the engine-core workers it forked.
+        pgid = self.process.pid
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(timeout)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.process = None
+        logger.info(f"vLLM server on {self.address} stopped")
+
+    def __enter__(self) -> VLLMServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

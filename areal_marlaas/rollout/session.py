@@ -1,0 +1,81 @@
+"""The rollout side of a run: the shared server (launched or attached) and the
+multi-LoRA engine connected to it, with each task's adapter registered."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
+from areal.utils import logging
+
+from areal_marlaas.config import MARLaaSConfig, TaskSpec
+from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
+from areal_marlaas.rollout.server import VLLMServer
+
+logger = logging.getLogger("MARLaaSRolloutSession")
+
+WORKFLOW = "areal_marlaas.workflows.rlvr.MultiTaskRLVRWorkflow"
+
+
+def task_gconfig(task: TaskSpec) -> GenerationHyperparameters:
+    return GenerationHyperparameters(
+        n_samples=1,
+        max_new_tokens=task.max_new_tokens,
+        temperature=task.temperature,
+        lora_name=task.name,
+    )
+
+
+def task_workflow(task: TaskSpec, tokenizer_path: str) -> tuple[str, dict]:
+    """Import path + kwargs of the task's workflow (import strings cross AReaL's RPC
+    boundary; instances would not)."""
+    kwargs = {
+        "task": task.name,
+        "reward_fn": task.reward_fn_path,
+        "gconfig": task_gconfig(task),
+        "tokenizer": tokenizer_path,
+    }
+    return task.workflow or WORKFLOW, kwargs
+
+
+class RolloutSession:
+    """Start (or attach to) the server and connect a multi-LoRA engine."""
+
+    def __init__(self, cfg: MARLaaSConfig, run_dir: str | Path):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.server: VLLMServer | None = None
+        self.engine: MultiLoRAvLLMEngine | None = None
+        self.server_start_s: float | None = None
+
+    def start(self) -> MultiLoRAvLLMEngine:
+        cfg = self.cfg
+        if cfg.server.addresses:
+            addresses = list(cfg.server.addresses)
+        else:
+            log = cfg.server.log_file or self.run_dir / "vllm_server.log"
+            self.server = VLLMServer(cfg.vllm.model, cfg.vllm, cfg.server, log)
+            addresses = [self.server.start()]
+            self.server_start_s = self.server.startup_s
+        engine_cfg: InferenceEngineConfig = cfg.rollout
+        self.engine = MultiLoRAvLLMEngine(engine_cfg)
+        t0 = time.monotonic()
+        self.engine.initialize(addr=addresses, train_data_parallel_size=1)
+        logger.info(f"engine connected to {addresses} in {time.monotonic() - t0:.1f}s")
+        return self.engine
+
+    def stop(self) -> None:
+        if self.engine is not None:
+            self.engine.destroy()
+            self.engine = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def __enter__(self) -> RolloutSession:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

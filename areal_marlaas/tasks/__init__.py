@@ -1,0 +1,67 @@
+"""Task kinds: how a task's rows are made and which reward scores them.
+
+Every row carries ``messages`` (the chat prompt) and ``answer`` (the reference the
+reward function receives as a keyword argument).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from areal_marlaas.errors import ConfigError
+from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
+from areal_marlaas.tasks.gsm8k import load_gsm8k_rows
+
+if TYPE_CHECKING:
+    from areal_marlaas.config import TaskSpec
+
+NUMERIC_REWARD = "areal_marlaas.tasks.rewards.numeric_answer_reward_fn"
+DEFAULT_SYNTHETIC_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    name: str
+    reward_fn: str
+    needs_path: bool
+    load: Callable[[TaskSpec], list[dict]]
+
+
+def _arithmetic(op: str) -> Callable[[TaskSpec], list[dict]]:
+    def load(spec: TaskSpec) -> list[dict]:
+        size = spec.dataset.size or DEFAULT_SYNTHETIC_SIZE
+        return make_arithmetic_rows(op, size, spec.dataset.digits, spec.seed)
+
+    return load
+
+
+def _gsm8k(spec: TaskSpec) -> list[dict]:
+    rows = load_gsm8k_rows(spec.dataset.path, spec.dataset.split)
+    return rows[: spec.dataset.size] if spec.dataset.size else rows
+
+
+KINDS: dict[str, TaskKind] = {
+    "addition": TaskKind("addition", NUMERIC_REWARD, False, _arithmetic("addition")),
+    "multiplication": TaskKind(
+        "multiplication", NUMERIC_REWARD, False, _arithmetic("multiplication")
+    ),
+    "gsm8k": TaskKind("gsm8k", NUMERIC_REWARD, True, _gsm8k),
+}
+
+
+def load_task_rows(spec: TaskSpec) -> list[dict]:
+    """The rows of a task's dataset (raises ``ConfigError`` naming the task)."""
+    kind = KINDS[spec.kind]
+    try:
+        rows = kind.load(spec)
+    except FileNotFoundError as e:
+        raise ConfigError(
+            f"task {spec.name!r}: dataset.path {spec.dataset.path!r} not found ({e})"
+        ) from e
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"task {spec.name!r}: cannot read its dataset: {e}") from e
+    if not rows:
+        raise ConfigError(f"task {spec.name!r}: dataset has no rows")
+    return rows

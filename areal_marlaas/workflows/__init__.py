@@ -1,0 +1,1 @@
+"""AReaL rollout workflows that route each task to its own adapter."""

@@ -1,0 +1,167 @@
+"""Config loading, hydra-style overrides and `marlaas check` errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from areal_marlaas.cli import main as marlaas
+from areal_marlaas.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
+
+
+def write(path: Path, data) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def task(name: str, **kw) -> dict:
+    return {"name": name, "kind": "addition", "batch_size": 2, "n_samples": 2, **kw}
+
+
+@pytest.fixture
+def main_yaml(tmp_path, model_path) -> Path:
+    return write(
+        tmp_path / "main.yaml",
+        {
+            "experiment_name": "cfgtest",
+            "trial_name": "t0",
+            "cluster": {"fileroot": str(tmp_path / "runs")},
+            "actor": {"path": str(model_path), "lora_rank": 8},
+            "vllm": {"max_lora_rank": 8, "max_model_len": 1024},
+            "server": {"cpu_kvcache_space_gib": 1},
+        },
+    )
+
+
+def check(capsys, *argv) -> tuple[int, str]:
+    rc = marlaas(["check", *map(str, argv)])
+    captured = capsys.readouterr()
+    return rc, captured.out + captured.err
+
+
+@pytest.mark.parametrize("config", SHIPPED, ids=lambda p: p.name)
+def test_shipped_config_passes_check(config, capsys, model_path):
+    rc, out = check(capsys, "--config", config)
+    assert rc == 0, out
+    assert out.strip().endswith("OK")
+
+
+def test_overrides_apply_to_task_and_engine_fields(main_yaml, tmp_path):
+    tasks = write(tmp_path / "tasks.yaml", {"tasks": [task("t_a"), task("t_b")]})
+
+    cfg, _ = load_config(
+        [
+            "--config",
+            str(main_yaml),
+            "--tasks",
+            str(tasks),
+            "tasks.0.batch_size=8",
+            "tasks.1.total_steps=1",
+            "tasks.1.dataset.digits=3",
+            "vllm.max_loras=2",
+            "server.port=9123",
+        ]
+    )
+
+    assert [t.batch_size for t in cfg.tasks] == [8, 2]
+    assert [t.total_steps for t in cfg.tasks] == [10, 1]
+    assert cfg.tasks[1].dataset.digits == 3
+    assert cfg.vllm.max_loras == 2 and cfg.server.port == 9123
+    # Run names flow from the top level into AReaL's nested configs.
+    assert cfg.actor.experiment_name == "cfgtest" and cfg.saver.trial_name == "t0"
+
+
+def test_tasks_file_named_in_yaml_resolves_beside_it(tmp_path, main_yaml):
+    write(tmp_path / "tasks.yaml", [task("t_a")])
+    data = yaml.safe_load(main_yaml.read_text())
+    main = write(tmp_path / "with_tasks.yaml", {**data, "tasks_file": "tasks.yaml"})
+
+    cfg, _ = load_config(["--config", str(main)])
+
+    assert [t.name for t in cfg.tasks] == ["t_a"]
+
+
+BAD = {
+    "duplicate name": ([task("dup"), task("dup")], [], "duplicate task name 'dup'"),
+    "unsafe name": ([task("../evil")], [], "task '../evil': name must match"),
+    "upper-case name": ([task("Bad")], [], "task 'Bad': name must match"),
+    "unknown kind": ([task("t_a", kind="division")], [], "unknown kind 'division'"),
+    "missing dataset file": (
+        [task("gsm", kind="gsm8k", dataset={"path": "/nonexistent/gsm8k.jsonl"})],
+        [],
+        "task 'gsm': dataset.path '/nonexistent/gsm8k.jsonl' not found",
+    ),
+    "gsm8k without path": ([task("gsm", kind="gsm8k")], [], "needs dataset.path"),
+    "lora rank differs": (
+        [task("t_a"), task("t_b", lora_rank=16)],
+        [],
+        "tasks.1 ('t_b'): lora_rank=16 differs from the shared LoRA slot",
+    ),
+    "lora targets differ": (
+        [task("t_a", target_modules=["q_proj"])],
+        [],
+        "tasks.0 ('t_a'): target_modules=['q_proj'] differs",
+    ),
+    "batch larger than server KV": (
+        [task("huge", batch_size=512, n_samples=16)],
+        [],
+        "tasks.0 ('huge'): batch_size x n_samples = 8192 sequences",
+    ),
+    "longer than max_model_len": (
+        [task("t_a", max_new_tokens=2000)],
+        [],
+        "exceeds vllm.max_model_len=1024",
+    ),
+    "group of one": ([task("t_a", n_samples=1)], [], "n_samples must be >= 2"),
+    "misspelt field": ([task("t_a", bach_size=3)], [], "Key 'bach_size' not in"),
+    "misspelt override": (
+        [task("t_a")],
+        ["tasks.0.bach_size=3"],
+        "Key 'bach_size' not in 'TaskSpec' [at tasks[0].bach_size] (task 't_a')",
+    ),
+    "bad override value": (
+        [task("t_a")],
+        ["tasks.0.batch_size=lots"],
+        "[at tasks[0].batch_size] (task 't_a')",
+    ),
+    "unimportable reward": (
+        [task("t_a", reward_fn="nowhere.reward")],
+        [],
+        "tasks.0 ('t_a') reward_fn: cannot import 'nowhere.reward'",
+    ),
+    "lora rank vLLM cannot serve": ([task("t_a")], ["actor.lora_rank=12"], "12"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_exits_nonzero_with_clear_error(case, capsys, tmp_path, main_yaml):
+    tasks, overrides, message = BAD[case]
+    tasks_yaml = write(tmp_path / "tasks.yaml", {"tasks": tasks})
+
+    rc, out = check(capsys, "--config", main_yaml, "--tasks", tasks_yaml, *overrides)
+
+    assert rc == 2
+    assert "marlaas check: error:" in out
+    assert message in out
+
+
+def test_missing_tasks_file_is_a_clear_error(main_yaml):
+    with pytest.raises(ConfigError, match="tasks_file: .*nope.yaml does not exist"):
+        load_config(["--config", str(main_yaml), "tasks_file=nope.yaml"])
+
+
+def test_no_tasks_at_all_is_a_clear_error(main_yaml):
+    with pytest.raises(ConfigError, match="no tasks"):
+        load_config(["--config", str(main_yaml)])
+
+
+def test_corrupt_tasks_yaml_is_a_clear_error(main_yaml, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tasks: [ {name: a, kind: addition\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(["--config", str(main_yaml), "--tasks", str(bad)])
