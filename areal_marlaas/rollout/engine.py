@@ -44,6 +44,17 @@ _PINNED_VERSION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
 _NO_GLOBAL_STALENESS_GATE = 10**9
 
 
+def without_global_staleness_gate(
+    config: InferenceEngineConfig,
+) -> InferenceEngineConfig:
+    return dataclasses.replace(
+        config,
+        max_head_offpolicyness=max(
+            config.max_head_offpolicyness, _NO_GLOBAL_STALENESS_GATE
+        ),
+    )
+
+
 class AdapterError(RuntimeError):
     """The server refused to load or unload an adapter."""
 
@@ -67,13 +78,7 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
     def __init__(self, config: InferenceEngineConfig, backend: MultiLoRAVLLMBackend):
         if not config.use_lora:
             raise ValueError("rollout.use_lora must be true for multi-LoRA rollout.")
-        config = dataclasses.replace(
-            config,
-            max_head_offpolicyness=max(
-                config.max_head_offpolicyness, _NO_GLOBAL_STALENESS_GATE
-            ),
-        )
-        super().__init__(config, backend)
+        super().__init__(without_global_staleness_gate(config), backend)
         self.adapters = AdapterRegistry()
         self._retire_pool = ThreadPoolExecutor(4, thread_name_prefix="marlaas-retire")
         self._http = requests.Session()
@@ -164,6 +169,10 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
             on_retired(name)
         return name
 
+    def publish_adapter(self, task: str, version: int, path: str) -> None:
+        """``publish`` for RPC callers: returns once the new name is live."""
+        self.publish(task, version, path)
+
     def update_weights_from_disk(self, meta: WeightUpdateMeta) -> Future[None]:
         """AReaL's disk LoRA update path, per task: ``meta.lora_name`` is the task."""
         if not meta.use_lora or meta.version is None:
@@ -235,3 +244,13 @@ class MultiLoRAvLLMEngine(RemotevLLMEngine):
         return self._engine.rollout_task(
             rows, workflow, workflow_kwargs, group_size, timeout
         )
+
+    def publish_adapter(self, task: str, version: int, path: str) -> None:
+        self._engine.publish_adapter(task, version, path)
+
+    @classmethod
+    def as_controller(cls, config: InferenceEngineConfig, scheduler):
+        """Single-controller mode: workers run this engine behind a controller."""
+        from areal_marlaas.rollout.controller import MultiTaskRolloutController
+
+        return MultiTaskRolloutController(cls, config=config, scheduler=scheduler)

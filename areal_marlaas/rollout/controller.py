@@ -1,0 +1,57 @@
+"""Single-controller (AReaL ``scheduler.type=local|ray|slurm``) version of the
+multi-LoRA engine: a RolloutController whose workers run ``MultiLoRAvLLMEngine``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from areal.api.cli_args import InferenceEngineConfig
+from areal.infra.controller.rollout_controller import RolloutController
+
+from areal_marlaas.rollout.engine import without_global_staleness_gate
+
+
+class MultiTaskRolloutController(RolloutController):
+    """Fans task registration and publishing out to every rollout worker; each
+    worker's engine pins per-task versions for the requests it sends."""
+
+    def __init__(self, inf_engine, config: InferenceEngineConfig, scheduler):
+        # The controller-side dispatcher has the same global staleness gate as the
+        # worker executors; per-task on-policy is the MARLaaS scheduler's job.
+        super().__init__(inf_engine, without_global_staleness_gate(config), scheduler)
+
+    def register_task(self, task: str, version: int, path: str | Path) -> None:
+        self._collective_rpc(
+            "register_task", task=task, version=version, path=str(path)
+        )
+
+    def publish(self, task: str, version: int, path: str | Path) -> None:
+        """Make ``<task>-v<version>`` live on every worker's servers."""
+        self._collective_rpc(
+            "publish_adapter", task=task, version=version, path=str(path)
+        )
+
+    def task_version(self, task: str) -> int:
+        versions = set(self._collective_rpc("task_version", task=task))
+        if len(versions) != 1:
+            raise RuntimeError(
+                f"rollout workers disagree on {task}'s version: {versions}"
+            )
+        return versions.pop()
+
+    def rollout_task(
+        self,
+        rows: list[dict[str, Any]],
+        workflow: str,
+        workflow_kwargs: dict[str, Any] | None = None,
+        group_size: int = 1,
+        timeout: float | None = None,
+    ) -> list[dict[str, Any] | None]:
+        """One task's batch; waits only for its own episodes."""
+        ids = [
+            self.submit(row, workflow, workflow_kwargs, group_size=group_size)
+            for row in rows
+        ]
+        results = [self.dispatcher.wait_for_task(i, timeout) for i in ids]
+        return [r.trajectory if r is not None else None for r in results]
