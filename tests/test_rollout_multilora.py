@@ -169,7 +169,13 @@ def test_publish_new_version_while_other_tasks_generate_fails_nothing(
     for t in background:
         t.start()
     deadline = time.monotonic() + 60
-    while not all(registry.inflight(n) for n in ("p_a-v0", "p_b-v0", "p_c-v0")):
+    # Publish once all of p_a's first batch (3 prompts x 2) and some of the other
+    # tasks' requests are in flight.
+    while not (
+        registry.inflight("p_a-v0") == 6
+        and registry.inflight("p_b-v0")
+        and registry.inflight("p_c-v0")
+    ):
         assert time.monotonic() < deadline, "rollouts never got in flight"
         time.sleep(0.05)
 
@@ -195,10 +201,10 @@ def test_publish_new_version_while_other_tasks_generate_fails_nothing(
             r.name == name and r.start < t_publish < (r.end or 0)
             for r in registry.records
         ), name
-    # p_a-v0 got no new request after the publish and was unloaded after its last
-    # request finished.
+    # p_a-v0 got no new request once v1 was live, and was unloaded only after its
+    # last request finished.
     a_v0 = [r for r in registry.records if r.name == "p_a-v0"]
-    assert all(r.start < t_publish for r in a_v0)
+    assert all(r.start < registry.published_at("p_a-v1") for r in a_v0)
     assert registry.retired_at("p_a-v0") >= max(r.end for r in a_v0)
     models = served_models(vllm_server.address)
     assert "p_a-v0" not in models

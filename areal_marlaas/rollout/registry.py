@@ -99,6 +99,11 @@ class AdapterRegistry:
         with self._cv:
             return self._cv.wait_for(lambda: self._inflight[name] == 0, timeout)
 
+    def published_at(self, name: str) -> float | None:
+        """When ``name`` became the version new requests use."""
+        with self._cv:
+            return self._published_at.get(name)
+
     def mark_retired(self, name: str) -> None:
         with self._cv:
             self._retiring.discard(name)
