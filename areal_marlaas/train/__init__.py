@@ -1,0 +1,1 @@
+"""Training side: the multi-LoRA FSDP engine and the multi-task trainer."""
