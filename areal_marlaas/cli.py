@@ -123,9 +123,17 @@ def _bench_rollout(rest: list[str]) -> int:
     return 0
 
 
+def _train(rest: list[str]) -> int:
+    """Train every task of the config (MARLaaS async mode)."""
+    from areal_marlaas.train.trainer import main as train_main
+
+    return train_main(rest)
+
+
 # Commands that take `--config X.yaml [--tasks T.yaml] [key=value ...]`.
 _CONFIG_COMMANDS = {
     "check": _check,
+    "train": _train,
     "serve": _serve,
     "rollout": _rollout,
     "bench-rollout": _bench_rollout,

@@ -17,6 +17,7 @@ from areal.api.cli_args import (
     EvaluatorConfig,
     GRPOConfig,
     InferenceEngineConfig,
+    OptimizerConfig,
     PPOActorConfig,
     RecoverConfig,
     SaverConfig,
@@ -197,6 +198,8 @@ _ACTOR_DEFAULTS = dict(
     weight_update_mode="disk",
     ppo_n_minibatches=1,
     use_decoupled_loss=False,
+    # Per-task lr comes from tasks[i].lr; the rest of AdamW's settings from here.
+    optimizer=OptimizerConfig(lr=1e-4, weight_decay=0.0, gradient_clipping=1.0),
 )
 
 

@@ -16,6 +16,8 @@ from transformers import AutoModelForCausalLM
 from areal_marlaas.models import make_tiny_model
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor, StaleBatchError
 
+from .helpers import assert_bitwise_equal, lora_snapshot, optimizer_snapshot
+
 # Observed packed-vs-per-sequence difference is ~5e-7 in float32 (different kernel
 # shapes sum in a different order); attending across a sequence boundary shifts
 # logprobs by ~1e-1. 1e-5 separates the two with a wide margin either way.
@@ -129,36 +131,6 @@ def test_stock_areal_mask_is_wrong_on_cpu_qwen3(tiny):
     ref, lens = per_sequence_logprobs(tiny["qwen3"], batch)
 
     assert max_diff(packed, ref, lens) > 1e-2
-
-
-def lora_snapshot(engine, task):
-    return {k: v.clone() for k, v in engine.adapter_state(task).items()}
-
-
-def optimizer_snapshot(engine, task):
-    opt = engine.slots[task].optimizer
-    return [
-        {k: v.clone() if torch.is_tensor(v) else v for k, v in state.items()}
-        for state in (
-            opt.state[p] for group in opt.param_groups for p in group["params"]
-        )
-    ]
-
-
-def assert_bitwise_equal(a, b):
-    assert type(a) is type(b)
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert_bitwise_equal(a[k], b[k])
-    elif isinstance(a, list):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_bitwise_equal(x, y)
-    elif torch.is_tensor(a):
-        assert torch.equal(a, b)
-    else:
-        assert a == b
 
 
 def test_task_b_update_leaves_task_a_adapter_and_optimizer_bitwise_unchanged(tiny):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from areal.api.cli_args import NormConfig, PPOActorConfig
+from areal.api.cli_args import NormConfig, OptimizerConfig, PPOActorConfig
 from areal.api.io_struct import FinetuneSpec
 from areal.engine.fsdp_engine import FSDPPPOActor
 from areal.engine.fsdp_utils import get_cosine_schedule_with_warmup
@@ -116,6 +116,7 @@ class MultiLoRAFSDPPPOActor(FSDPPPOActor):
         total_steps: int,
         group_size: int,
         seed: int,
+        temperature: float = 1.0,
         init_adapter: str | Path | None = None,
         version: int = 0,
     ) -> None:
@@ -128,7 +129,7 @@ class MultiLoRAFSDPPPOActor(FSDPPPOActor):
         else:
             weights = self._fresh_weights(seed)
         params = list(self._lora.values())
-        opt_cfg = self.optimizer_config
+        opt_cfg = self.optimizer_config or OptimizerConfig()
         optimizer = torch.optim.AdamW(
             params,
             lr=lr,
@@ -147,6 +148,7 @@ class MultiLoRAFSDPPPOActor(FSDPPPOActor):
             kl_ctl=0.0,
             ppo_n_minibatches=1,
             use_decoupled_loss=False,
+            temperature=temperature,
         )
         self.slots[name] = TaskSlot(
             name=name,
@@ -155,7 +157,12 @@ class MultiLoRAFSDPPPOActor(FSDPPPOActor):
             lr_scheduler=scheduler,
             actor=PPOActor(actor_cfg, self),
             version=version,
-            meta={"lr": lr, "total_steps": total_steps, "seed": seed},
+            meta={
+                "lr": lr,
+                "total_steps": total_steps,
+                "seed": seed,
+                "temperature": temperature,
+            },
         )
 
     def _fresh_weights(self, seed: int) -> dict[str, torch.Tensor]:
@@ -187,7 +194,7 @@ class MultiLoRAFSDPPPOActor(FSDPPPOActor):
         return full.to(p.device).clone()
 
     def _lr_schedule(self, optimizer: torch.optim.Optimizer, total_steps: int):
-        cfg = self.optimizer_config
+        cfg = self.optimizer_config or OptimizerConfig()
         warmup = int(cfg.warmup_steps_proportion * total_steps)
         if cfg.lr_scheduler_type == "cosine":
             return get_cosine_schedule_with_warmup(
@@ -216,6 +223,9 @@ class MultiLoRAFSDPPPOActor(FSDPPPOActor):
         self.lr_scheduler = incoming.lr_scheduler
         self.actor = incoming.actor
         self._version = incoming.version
+        # The engine scales logits by its config's temperature when it computes
+        # logprobs; it must be the task's sampling temperature.
+        self.config.temperature = incoming.meta["temperature"]
 
     # -- training ---------------------------------------------------------------
     def train_task(self, name: str, batch: list[dict[str, Any]]) -> dict[str, float]:

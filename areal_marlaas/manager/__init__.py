@@ -1,0 +1,1 @@
+"""Per-task state, data cursors and the run directory (atomic commits)."""

@@ -1,0 +1,1 @@
+"""Scheduling: the pure core and the runtime that drives it."""

@@ -1,0 +1,194 @@
+"""``marlaas train``: many tenant tasks, one base model, one server, one trainer.
+
+Wiring: the shared vLLM server (launched or attached) with the multi-LoRA rollout
+engine; AReaL's FSDP actor with one LoRA slot and per-task state; the run
+directory; and the scheduler runtime that loops every task through
+rollout -> queue -> train -> commit -> publish.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from areal.api.io_struct import FinetuneSpec
+from areal.utils import logging
+from areal.utils.hf_utils import load_hf_tokenizer
+from areal.utils.network import find_free_ports
+from areal.utils.stats_logger import StatsLogger
+
+from areal_marlaas.config import MARLaaSConfig
+from areal_marlaas.manager.data import TaskData
+from areal_marlaas.manager.store import RunStore
+from areal_marlaas.rollout.session import RolloutSession, task_workflow
+from areal_marlaas.scheduler.runtime import Runtime, TaskRun
+from areal_marlaas.tasks import load_task_rows
+from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
+
+logger = logging.getLogger("MARLaaSTrainer")
+
+
+def run_dir(cfg: MARLaaSConfig) -> Path:
+    return Path(cfg.cluster.fileroot) / cfg.experiment_name / cfg.trial_name
+
+
+def _single_rank_env() -> None:
+    """The in-process FSDP engine is one rank of a one-rank gloo/nccl group."""
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(find_free_ports(1)[0]))
+
+
+class MultiTaskTrainer:
+    def __init__(self, cfg: MARLaaSConfig):
+        self.cfg = cfg
+        self.store = RunStore(run_dir(cfg))
+        self.engine: MultiLoRAFSDPPPOActor | None = None
+        self.session: RolloutSession | None = None
+        self.timings: dict[str, float] = {}
+
+    def _build_trainer(self) -> MultiLoRAFSDPPPOActor:
+        cfg = self.cfg
+        _single_rank_env()
+        t0 = time.monotonic()
+        engine = MultiLoRAFSDPPPOActor(cfg.actor)
+        engine.create_process_group()
+        steps = sum(t.total_steps for t in cfg.tasks)
+        engine.initialize(None, FinetuneSpec(1, steps, 1))
+        self.timings["trainer_init_s"] = time.monotonic() - t0
+        return engine
+
+    def _prepare_tasks(self, engine: MultiLoRAFSDPPPOActor) -> list[TaskRun]:
+        cfg = self.cfg
+        tokenizer = load_hf_tokenizer(cfg.tokenizer_path)
+        runs = []
+        for spec in cfg.tasks:
+            engine.add_task(
+                spec.name,
+                lr=spec.lr,
+                total_steps=spec.total_steps,
+                group_size=spec.n_samples,
+                seed=spec.seed,
+                temperature=spec.temperature,
+            )
+            v0 = self.store.adapter_dir(spec.name, 0)
+            engine.save_adapter(spec.name, v0)
+            self.store.commit(spec.name, 0, {"cursor": 0, "steps": 0})
+            workflow, kwargs = task_workflow(spec, cfg.tokenizer_path)
+            runs.append(
+                TaskRun(
+                    name=spec.name,
+                    total_steps=spec.total_steps,
+                    batch_size=spec.batch_size,
+                    n_samples=spec.n_samples,
+                    data=TaskData(
+                        load_task_rows(spec),
+                        spec.seed,
+                        tokenizer,
+                        spec.max_prompt_tokens,
+                    ),
+                    workflow=workflow,
+                    workflow_kwargs=kwargs,
+                )
+            )
+        return runs
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.monotonic()
+        try:
+            self.engine = engine = self._build_trainer()
+            tasks = self._prepare_tasks(engine)
+            self.session = RolloutSession(cfg, self.store.root)
+            rollout = self.session.start()
+            self.timings["server_start_s"] = self.session.server_start_s or 0.0
+            for t in tasks:
+                rollout.register_task(t.name, 0, self.store.adapter_dir(t.name, 0))
+            self.timings["setup_s"] = time.monotonic() - t0
+            runtime = Runtime(
+                tasks,
+                rollout,
+                engine,
+                self.store,
+                mode="async",
+                rollout_timeout=cfg.rollout.request_timeout,
+                on_step=self._progress,
+            )
+            self._t_run = time.time()
+            self._n_commits = 0
+            self.stats_logger = StatsLogger(
+                cfg, FinetuneSpec(1, sum(t.total_steps for t in tasks), 1)
+            )
+            summary = runtime.run()
+            self.stats_logger.close()
+        finally:
+            self.close()
+        summary["run_dir"] = str(self.store.root)
+        summary["timings"] = self.timings
+        self.store.write_summary(summary)
+        return summary
+
+    def _progress(self, r: dict[str, Any], stats: dict[str, float]) -> None:
+        """Per-step: a terminal line, and the step's metrics to AReaL's stats
+        logger (tensorboard/wandb/... as configured)."""
+        self._n_commits += 1
+        scalars = {
+            f"marlaas/{r['task']}/{k}": float(r[k])
+            for k in ("reward_mean", "queue_wait_s", "train_s", "version")
+        }
+        self.stats_logger.commit(
+            0, self._n_commits - 1, self._n_commits - 1, {**stats, **scalars}
+        )
+        logger.info(
+            f"[{time.time() - self._t_run:7.1f}s] {r['task']:<12} v{r['version']:<3} "
+            f"reward={r['reward_mean']:.3f} queue={r['queue_wait_s']:.1f}s "
+            f"train={r['train_s']:.1f}s"
+        )
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.stop()
+            self.session = None
+        if self.engine is not None:
+            self.engine.destroy()
+            self.engine = None
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    cols = ["task", "status", "steps", "version", "reward_first", "reward_last"]
+    cols += ["ttfs_s", "tpts_p50_s"]
+    lines = ["  ".join(f"{c:>12}" for c in cols)]
+    for name, t in summary["tasks"].items():
+        vals = [name, t["status"], t["steps"], t["final_version"]]
+        vals += [t["reward_first"], t["reward_last"], t["ttfs_s"], t["tpts_p50_s"]]
+        lines.append("  ".join(f"{_fmt(v):>12}" for v in vals))
+    lines.append(
+        f"mode={summary['mode']} wall={summary['wall_s']:.1f}s "
+        f"train_steps/h={summary['train_steps_per_hour']:.1f}"
+    )
+    lines.append(f"run dir: {summary['run_dir']}")
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    from areal_marlaas.check import check_config
+    from areal_marlaas.config import load_config
+
+    cfg, _ = load_config(list(sys.argv[1:] if argv is None else argv))
+    check_config(cfg)
+    summary = MultiTaskTrainer(cfg).run()
+    print(format_summary(summary), flush=True)
+    failed = [n for n, t in summary["tasks"].items() if t["status"] != "done"]
+    return 1 if failed else 0

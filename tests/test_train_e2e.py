@@ -1,0 +1,121 @@
+"""End to end: 3 tasks x 2 steps through the real vLLM server and the real FSDP
+engine, in MARLaaS async mode."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from areal_marlaas.config import load_config
+from areal_marlaas.manager.store import read_jsonl
+from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
+from areal_marlaas.train.trainer import MultiTaskTrainer
+
+from .conftest import REPO
+from .helpers import assert_bitwise_equal, lora_snapshot, optimizer_snapshot
+
+pytestmark = pytest.mark.vllm
+
+TASKS = ("add2", "mul1", "add1")
+
+
+@pytest.fixture
+def isolation_checked(monkeypatch):
+    """Wrap every training step: the other tasks' adapters and optimizer states
+    must be bitwise identical before and after it."""
+    trained: list[str] = []
+    original = MultiLoRAFSDPPPOActor.train_task
+
+    def train_task(self, name, batch):
+        others = {
+            t: (lora_snapshot(self, t), optimizer_snapshot(self, t))
+            for t in self.slots
+            if t != name
+        }
+        out = original(self, name, batch)
+        for t, (weights, optim) in others.items():
+            assert_bitwise_equal(lora_snapshot(self, t), weights)
+            assert_bitwise_equal(optimizer_snapshot(self, t), optim)
+        trained.append(name)
+        return out
+
+    monkeypatch.setattr(MultiLoRAFSDPPPOActor, "train_task", train_task)
+    return trained
+
+
+def overlaps(a: dict, b: dict) -> bool:
+    return a["start"] < b["end"] and b["start"] < a["end"]
+
+
+def test_three_tasks_two_steps_async_end_to_end(
+    tmp_path, vllm_server, isolation_checked
+):
+    overrides = [f"cluster.fileroot={tmp_path}", "trial_name=e2e"]
+    overrides.append(f'server.addresses=["{vllm_server.address}"]')
+    for i in range(3):
+        overrides += [
+            f"tasks.{i}.total_steps=2",
+            f"tasks.{i}.batch_size=2",
+            f"tasks.{i}.n_samples=2",
+            f"tasks.{i}.max_new_tokens=24",
+        ]
+    cfg, _ = load_config(
+        ["--config", str(REPO / "configs" / "quickstart.yaml"), *overrides]
+    )
+
+    summary = MultiTaskTrainer(cfg).run()
+
+    run = tmp_path / "marlaas-quickstart" / "e2e"
+    assert summary["run_dir"] == str(run)
+    # Every task committed versions 1 and 2, each trained on its own fresh data.
+    steps = read_jsonl(run / "steps.jsonl")
+    for task in TASKS:
+        mine = [s for s in steps if s["task"] == task]
+        assert [s["version"] for s in mine] == [1, 2]
+        assert all(s["staleness_max"] == 0 for s in mine)
+        assert all(s["n_trajectories"] == 4 for s in mine)
+    # Each update left every other task's adapter and optimizer untouched.
+    assert sorted(isolation_checked) == sorted(TASKS * 2)
+    # Cross-task overlap: some rollout ran while another task trained.
+    events = read_jsonl(run / "events.jsonl")
+    rollouts = [e for e in events if e["phase"] == "rollout"]
+    trains = [e for e in events if e["phase"] == "train"]
+    assert any(
+        overlaps(r, t) for r in rollouts for t in trains if r["task"] != t["task"]
+    )
+    assert {e["phase"] for e in events} >= {"rollout", "queue", "train", "publish"}
+    # The summary the benchmarks read.
+    saved = json.loads((run / "summary.json").read_text())
+    assert saved["mode"] == "async" and saved["train_steps_per_hour"] > 0
+    for task in TASKS:
+        t = saved["tasks"][task]
+        assert (t["steps"], t["final_version"], t["status"]) == (2, 2, "done")
+        assert t["ttfs_s"] > 0 and t["tpts_p50_s"] > 0
+    # The server serves each task's newest version; older ones were retired.
+    base = f"http://{vllm_server.address}"
+    models = {m["id"] for m in requests.get(f"{base}/v1/models").json()["data"]}
+    for task in TASKS:
+        assert f"{task}-v2" in models
+        assert f"{task}-v0" not in models and f"{task}-v1" not in models
+    # Every committed adapter loads in vLLM and generates.
+    for task in TASKS:
+        for v in (0, 1, 2):
+            name = f"check_{task}_v{v}"
+            path = run / "tasks" / task / "adapters" / f"v{v}"
+            loaded = requests.post(
+                f"{base}/v1/load_lora_adapter",
+                json={"lora_name": name, "lora_path": str(path)},
+                timeout=60,
+            )
+            assert loaded.status_code == 200, loaded.text
+            out = requests.post(
+                f"{base}/v1/completions",
+                json={"model": name, "prompt": [1, 4093, 198], "max_tokens": 4},
+                timeout=60,
+            )
+            assert out.status_code == 200 and out.json()["choices"][0]["text"]
+            requests.post(
+                f"{base}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60
+            )
