@@ -5,7 +5,7 @@ AREAL_VENV ?= $(or $(MARLAAS_AREAL_VENV),$(CACHE)/venv-areal)
 PY := $(AREAL_VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 
-.PHONY: setup test test-slow lint quickstart bench-rollout
+.PHONY: setup test test-slow lint quickstart bench-rollout bench-learning
 
 setup:
 	bash scripts/setup.sh
@@ -20,8 +20,10 @@ lint: setup
 	$(AREAL_VENV)/bin/ruff check . && $(AREAL_VENV)/bin/ruff format --check .
 
 quickstart: setup
-	$(AREAL_VENV)/bin/marlaas check --config $(CONFIG)
-	$(AREAL_VENV)/bin/marlaas rollout --config $(CONFIG)
+	$(AREAL_VENV)/bin/marlaas train --config $(CONFIG)
 
 bench-rollout: setup
 	$(AREAL_VENV)/bin/marlaas bench-rollout --config $(CONFIG)
+
+bench-learning: setup
+	$(AREAL_VENV)/bin/marlaas bench-learning --config configs/learning.yaml

@@ -130,6 +130,27 @@ def _train(rest: list[str]) -> int:
     return train_main(rest)
 
 
+def _bench_learning(rest: list[str]) -> int:
+    """The first task alone vs among the other tenants: reward curves."""
+    import argparse
+
+    from areal_marlaas.bench.learning import bench_learning, format_learning
+    from areal_marlaas.config import load_config
+    from areal_marlaas.train.trainer import run_dir
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--out", default=None)
+    opts, rest = parser.parse_known_args(rest)
+    cfg, _ = load_config(rest)
+    out = (
+        Path(opts.out)
+        if opts.out
+        else run_dir(cfg).with_name(cfg.trial_name + "-report")
+    )
+    print(format_learning(bench_learning(cfg, out)))
+    return 0
+
+
 # Commands that take `--config X.yaml [--tasks T.yaml] [key=value ...]`.
 _CONFIG_COMMANDS = {
     "check": _check,
@@ -137,6 +158,7 @@ _CONFIG_COMMANDS = {
     "serve": _serve,
     "rollout": _rollout,
     "bench-rollout": _bench_rollout,
+    "bench-learning": _bench_learning,
 }
 
 

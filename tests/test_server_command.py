@@ -44,6 +44,8 @@ def test_cpu_command_enables_runtime_multilora():
     assert f["--max-lora-rank"] == "16"
     assert f["--block-size"] == "32"  # CPU attention needs multiples of 32
     assert f["--no-enable-prefix-caching"] is True
+    # PPO needs logprobs of the tempered sampling distribution.
+    assert f["--logprobs-mode"] == "processed_logprobs"
     assert "--worker-extension-cls" not in f  # AReaL's wrapper is not used
     assert "--gpu-memory-utilization" not in f
     assert env == {

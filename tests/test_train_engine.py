@@ -4,6 +4,7 @@ swaps, on-policy refusal and PEFT adapter files."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -112,7 +113,7 @@ def max_diff(out, ref, lens):
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_packed_forward_matches_per_sequence_hf_forward(arch, tiny):
     engine = make_engine(tiny[arch])
-    engine.add_task("a", lr=1e-3, total_steps=1, group_size=3, seed=0)
+    engine.add_task("a", lr=1e-3, total_steps=1, n_samples=3, seed=0)
     engine.switch_task("a")  # B=0: the adapter is the identity
     batch = ragged_batch([12, 7, 20])
 
@@ -135,8 +136,8 @@ def test_stock_areal_mask_is_wrong_on_cpu_qwen3(tiny):
 
 def test_task_b_update_leaves_task_a_adapter_and_optimizer_bitwise_unchanged(tiny):
     engine = make_engine(tiny["llama"])
-    engine.add_task("a", lr=1e-2, total_steps=5, group_size=2, seed=1)
-    engine.add_task("b", lr=1e-2, total_steps=5, group_size=2, seed=2)
+    engine.add_task("a", lr=1e-2, total_steps=5, n_samples=2, seed=1)
+    engine.add_task("b", lr=1e-2, total_steps=5, n_samples=2, seed=2)
     engine.train_task("a", [ragged_batch([9, 12], seed=1)])
     a_weights, a_optim = lora_snapshot(engine, "a"), optimizer_snapshot(engine, "a")
     b_before = lora_snapshot(engine, "b")
@@ -156,7 +157,7 @@ def test_task_b_update_leaves_task_a_adapter_and_optimizer_bitwise_unchanged(tin
 
 def test_batch_from_another_version_is_refused(tiny):
     engine = make_engine(tiny["llama"])
-    engine.add_task("a", lr=1e-3, total_steps=5, group_size=2, seed=1)
+    engine.add_task("a", lr=1e-3, total_steps=5, n_samples=2, seed=1)
     engine.train_task("a", [ragged_batch([9, 12], version=0)])
     before = lora_snapshot(engine, "a")
 
@@ -171,16 +172,14 @@ def test_saved_adapter_is_lora_only_peft_and_round_trips(tiny, tmp_path):
     from peft import PeftModel
 
     engine = make_engine(tiny["llama"])
-    engine.add_task("a", lr=1e-2, total_steps=5, group_size=2, seed=1)
+    engine.add_task("a", lr=1e-2, total_steps=5, n_samples=2, seed=1)
     engine.train_task("a", [ragged_batch([9, 12])])
 
-    path = engine.save_adapter("a", tmp_path / "v1")
+    path = Path(engine.save_adapter("a", tmp_path / "v1"))
     peft = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(tiny["llama"]), str(path)
     )
-    engine.add_task(
-        "c", lr=1e-3, total_steps=5, group_size=2, seed=9, init_adapter=path
-    )
+    engine.add_task("c", lr=1e-3, total_steps=5, n_samples=2, seed=9, init_adapter=path)
 
     assert sorted(p.name for p in path.iterdir()) == [
         "adapter_config.json",

@@ -49,6 +49,15 @@ class MultiLoRAvLLMConfig(vLLMConfig):
         default=2048,
         metadata={"help": "Context length the server reserves per sequence."},
     )
+    logprobs_mode: str = field(
+        default="processed_logprobs",
+        metadata={
+            "help": "What vLLM returns as token logprobs. PPO's old logprobs must "
+            "be those of the sampling distribution (after temperature); vLLM's "
+            "default raw_logprobs ignores temperature.",
+            "choices": ["processed_logprobs", "raw_logprobs"],
+        },
+    )
     max_num_seqs: int = field(
         default=128, metadata={"help": "Sequences the server batches at once."}
     )

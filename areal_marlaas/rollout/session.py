@@ -3,13 +3,16 @@ multi-LoRA engine connected to it, with each task's adapter registered."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
+from areal.api.io_struct import LocalInfServerInfo
 from areal.utils import logging
 
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
+from areal_marlaas.rollout.controller import MultiTaskRolloutController
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.rollout.server import VLLMServer
 
@@ -49,7 +52,9 @@ class RolloutSession:
         self.engine: MultiLoRAvLLMEngine | None = None
         self.server_start_s: float | None = None
 
-    def start(self) -> MultiLoRAvLLMEngine:
+    def start(self, scheduler=None) -> MultiLoRAvLLMEngine | MultiTaskRolloutController:
+        """Connect an in-process engine, or, given an AReaL scheduler, a controller
+        with one rollout worker per server."""
         cfg = self.cfg
         if cfg.server.addresses:
             addresses = list(cfg.server.addresses)
@@ -59,10 +64,23 @@ class RolloutSession:
             addresses = [self.server.start()]
             self.server_start_s = self.server.startup_s
         engine_cfg: InferenceEngineConfig = cfg.rollout
-        self.engine = MultiLoRAvLLMEngine(engine_cfg)
         t0 = time.monotonic()
-        self.engine.initialize(addr=addresses, train_data_parallel_size=1)
-        logger.info(f"engine connected to {addresses} in {time.monotonic() - t0:.1f}s")
+        if scheduler is None:
+            self.engine = MultiLoRAvLLMEngine(engine_cfg)
+            self.engine.initialize(addr=addresses, train_data_parallel_size=1)
+        else:
+            infos = []
+            for addr in addresses:
+                host, port = addr.rsplit(":", 1)
+                infos.append(
+                    LocalInfServerInfo(host=host, port=int(port), process=None)
+                )
+            engine_cfg = dataclasses.replace(
+                engine_cfg, backend=f"vllm:d{len(addresses)}"
+            )
+            self.engine = MultiLoRAvLLMEngine.as_controller(engine_cfg, scheduler)
+            self.engine.initialize(role="rollout", server_infos=infos)
+        logger.info(f"rollout connected to {addresses} in {time.monotonic() - t0:.1f}s")
         return self.engine
 
     def stop(self) -> None:

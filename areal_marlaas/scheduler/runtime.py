@@ -52,6 +52,8 @@ class TrainBackend(Protocol):
 
     def save_adapter(self, task: str, path: str) -> Any: ...
 
+    def release_batch(self, batch: list[dict[str, Any]]) -> None: ...
+
 
 @dataclass
 class TaskRun:
@@ -173,6 +175,7 @@ class Runtime:
             for x in batch
         )
         stats = self.trainer.train_task(a.task, batch)
+        self.trainer.release_batch(batch)
         new = a.version + 1
         self.trainer.save_adapter(a.task, str(self.store.adapter_dir(a.task, new)))
         self.store.commit(a.task, new, {"cursor": t.data.cursor, "steps": new})

@@ -114,7 +114,7 @@ class MultiLoRAFSDPPPOActor(FSDPPPOActor):
         name: str,
         lr: float,
         total_steps: int,
-        group_size: int,
+        n_samples: int,
         seed: int,
         temperature: float = 1.0,
         init_adapter: str | Path | None = None,
@@ -143,7 +143,7 @@ class MultiLoRAFSDPPPOActor(FSDPPPOActor):
         actor_cfg = dataclasses.replace(
             self.config,
             reward_norm=NormConfig(
-                mean_level="group", std_level="group", group_size=group_size
+                mean_level="group", std_level="group", group_size=n_samples
             ),
             kl_ctl=0.0,
             ppo_n_minibatches=1,
@@ -266,7 +266,18 @@ class MultiLoRAFSDPPPOActor(FSDPPPOActor):
             for n, t in self._current_weights(name).items()
         }
 
-    def save_adapter(self, name: str, path: str | Path) -> Path:
+    def release_batch(self, batch: list[dict[str, Any]]) -> None:
+        """Nothing to free in-process (the controller frees rollout-side RTensors)."""
+
+    @classmethod
+    def as_controller(cls, config: PPOActorConfig, scheduler):
+        from areal_marlaas.train.controller import MultiTaskActorController
+
+        return MultiTaskActorController(
+            train_engine=cls, config=config, scheduler=scheduler
+        )
+
+    def save_adapter(self, name: str, path: str | Path) -> str:
         """Write the task's adapter (LoRA parameters only) as a PEFT folder."""
         path = Path(path)
         tmp = path.with_name(path.name + ".partial")
@@ -279,7 +290,7 @@ class MultiLoRAFSDPPPOActor(FSDPPPOActor):
         peft_cfg.save_pretrained(str(tmp))
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
-        return path
+        return str(path)
 
     def _read_adapter(self, path: Path) -> dict[str, torch.Tensor]:
         state = load_file(path / "adapter_model.safetensors")

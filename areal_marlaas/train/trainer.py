@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from areal.api.alloc_mode import ModelAllocation
 from areal.api.io_struct import FinetuneSpec
 from areal.utils import logging
 from areal.utils.hf_utils import load_hf_tokenizer
@@ -47,22 +48,53 @@ class MultiTaskTrainer:
     def __init__(self, cfg: MARLaaSConfig):
         self.cfg = cfg
         self.store = RunStore(run_dir(cfg))
-        self.engine: MultiLoRAFSDPPPOActor | None = None
+        self.engine = None  # the FSDP actor, or its single-controller handle
+        self.scheduler = None
         self.session: RolloutSession | None = None
         self.timings: dict[str, float] = {}
 
-    def _build_trainer(self) -> MultiLoRAFSDPPPOActor:
+    def _init_scheduler(self):
+        """AReaL's single-controller scheduler, or None for in-process engines."""
         cfg = self.cfg
-        _single_rank_env()
+        kind = cfg.scheduler.type
+        if kind is None:
+            return None
+        if cfg.cluster.name_resolve.type == "nfs":
+            Path(cfg.cluster.name_resolve.nfs_record_root).mkdir(
+                parents=True, exist_ok=True
+            )
+        if kind == "local":
+            from areal.infra.scheduler.local import LocalScheduler
+
+            return LocalScheduler(exp_config=cfg)
+        if kind == "ray":
+            from areal.infra.scheduler.ray import RayScheduler
+
+            return RayScheduler(exp_config=cfg)
+        if kind == "slurm":
+            from areal.infra.scheduler.slurm import SlurmScheduler
+
+            return SlurmScheduler(exp_config=cfg)
+        raise ValueError(f"scheduler.type must be local|ray|slurm|null, got {kind!r}")
+
+    def _build_trainer(self):
+        cfg = self.cfg
         t0 = time.monotonic()
-        engine = MultiLoRAFSDPPPOActor(cfg.actor)
-        engine.create_process_group()
-        steps = sum(t.total_steps for t in cfg.tasks)
-        engine.initialize(None, FinetuneSpec(1, steps, 1))
+        ft_spec = FinetuneSpec(1, sum(t.total_steps for t in cfg.tasks), 1)
+        if self.scheduler is None:
+            _single_rank_env()
+            engine = MultiLoRAFSDPPPOActor(cfg.actor)
+            engine.create_process_group()
+            engine.initialize(None, ft_spec)
+        else:
+            alloc = ModelAllocation.from_str(cfg.actor.backend, name="actor")
+            engine = MultiLoRAFSDPPPOActor.as_controller(cfg.actor, self.scheduler)
+            engine.create_process_group(parallel_strategy=alloc.parallel)
+            engine.initialize(addr=None, ft_spec=ft_spec, role="actor")
         self.timings["trainer_init_s"] = time.monotonic() - t0
         return engine
 
-    def _prepare_tasks(self, engine: MultiLoRAFSDPPPOActor) -> list[TaskRun]:
+    def _prepare_tasks(self, engine) -> list[TaskRun]:
         cfg = self.cfg
         tokenizer = load_hf_tokenizer(cfg.tokenizer_path)
         runs = []
@@ -71,12 +103,12 @@ class MultiTaskTrainer:
                 spec.name,
                 lr=spec.lr,
                 total_steps=spec.total_steps,
-                group_size=spec.n_samples,
+                n_samples=spec.n_samples,
                 seed=spec.seed,
                 temperature=spec.temperature,
             )
             v0 = self.store.adapter_dir(spec.name, 0)
-            engine.save_adapter(spec.name, v0)
+            engine.save_adapter(spec.name, str(v0))
             self.store.commit(spec.name, 0, {"cursor": 0, "steps": 0})
             workflow, kwargs = task_workflow(spec, cfg.tokenizer_path)
             runs.append(
@@ -101,10 +133,11 @@ class MultiTaskTrainer:
         cfg = self.cfg
         t0 = time.monotonic()
         try:
+            self.scheduler = self._init_scheduler()
             self.engine = engine = self._build_trainer()
             tasks = self._prepare_tasks(engine)
             self.session = RolloutSession(cfg, self.store.root)
-            rollout = self.session.start()
+            rollout = self.session.start(self.scheduler)
             self.timings["server_start_s"] = self.session.server_start_s or 0.0
             for t in tasks:
                 rollout.register_task(t.name, 0, self.store.adapter_dir(t.name, 0))
@@ -156,6 +189,9 @@ class MultiTaskTrainer:
         if self.engine is not None:
             self.engine.destroy()
             self.engine = None
+        if self.scheduler is not None:
+            self.scheduler.delete_workers(None)
+            self.scheduler = None
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -1,0 +1,1 @@
+"""Benchmark commands: they print a table and write JSON (and plots)."""

@@ -1,0 +1,89 @@
+"""PPO's old logprobs come from vLLM: they must match what the trainer computes for
+the same tokens under the same adapter and temperature."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
+from areal.api.io_struct import FinetuneSpec
+from areal.utils.network import find_free_ports
+
+from areal_marlaas.config import load_config
+from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
+from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
+from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.vllm
+
+TEMPERATURE = 0.7
+# The server computes in bf16 and the trainer in fp32; on SmolLM2 at T=0.7 the
+# per-token logprobs differ by 0.035 on average (max ~0.26). A temperature mismatch
+# (vLLM's default raw_logprobs) is several times larger: the control below.
+MEAN_ABS_TOL = 0.08
+
+
+def test_vllm_logprobs_match_trainer_at_sampling_temperature(
+    tmp_path, vllm_server, model_path, monkeypatch
+):
+    for k, v in dict(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        monkeypatch.setenv("MASTER_PORT", str(find_free_ports(1)[0]))
+    cfg, _ = load_config(["--config", str(REPO / "configs" / "quickstart.yaml")])
+    trainer = MultiLoRAFSDPPPOActor(cfg.actor)
+    trainer.create_process_group()
+    trainer.initialize(None, FinetuneSpec(1, 1, 1))
+    trainer.add_task("lp", lr=1e-4, total_steps=1, n_samples=2, seed=3, temperature=0.7)
+    adapter = trainer.save_adapter("lp", tmp_path / "v0")
+    rollout = MultiLoRAvLLMEngine(
+        InferenceEngineConfig(
+            experiment_name="test", trial_name="lp", backend="vllm:d1", use_lora=True
+        )
+    )
+    rollout.initialize(addr=vllm_server.address, train_data_parallel_size=1)
+    try:
+        rollout.register_task("lp", 0, adapter)
+        trajs = rollout.rollout_task(
+            make_arithmetic_rows("multiplication", 4, 1, seed=8),
+            "areal_marlaas.workflows.rlvr.MultiTaskRLVRWorkflow",
+            dict(
+                task="lp",
+                reward_fn="areal_marlaas.tasks.rewards.numeric_answer_reward_fn",
+                gconfig=GenerationHyperparameters(
+                    max_new_tokens=24, temperature=TEMPERATURE
+                ),
+                tokenizer=str(model_path),
+            ),
+            group_size=2,
+        )
+    finally:
+        rollout.destroy()
+    trainer.switch_task("lp")
+    data = [{k: v for k, v in t.items() if torch.is_tensor(v)} for t in trajs]
+
+    tempered = mean_abs_diff(data, trainer.compute_logp(data))
+    trainer.config.temperature = 1.0  # what raw, untempered logprobs would be
+    untempered = mean_abs_diff(data, trainer.compute_logp(data))
+
+    print(f"mean |vLLM - trainer| tempered {tempered:.4f} untempered {untempered:.4f}")
+    assert tempered < MEAN_ABS_TOL
+    assert untempered > 2 * tempered
+
+
+def mean_abs_diff(data, recomputed) -> float:
+    diffs = []
+    for traj, logp in zip(data, recomputed):
+        mask = traj["loss_mask"].bool()
+        # vLLM's logprob of token i sits at i; the trainer's at i - 1.
+        vllm = traj["logprobs"][mask]
+        mine = torch.roll(logp, shifts=1, dims=-1)[mask]
+        diffs.append((vllm - mine).abs())
+    diffs = torch.cat(diffs)
+    assert diffs.numel() > 50
+    return float(diffs.mean())
