@@ -215,3 +215,17 @@ def test_publish_new_version_while_other_tasks_generate_fails_nothing(
         timeout=30,
     )
     assert gone.status_code == 404
+
+
+def test_name_served_from_another_folder_is_replaced(
+    engine, vllm_server, distinct_adapters
+):
+    """An earlier run on a shared server left `x_a-v0`; this run's weights win."""
+    engine.register_task("x_a", 0, distinct_adapters[0])
+    engine.register_task("x_a", 0, distinct_adapters[0])  # same folder: a no-op
+
+    engine.register_task("x_a", 0, distinct_adapters[1])
+
+    data = requests.get(f"http://{vllm_server.address}/v1/models", timeout=10).json()
+    roots = {m["id"]: m["root"] for m in data["data"]}
+    assert roots["x_a-v0"] == str(distinct_adapters[1])

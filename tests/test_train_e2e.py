@@ -4,6 +4,8 @@ engine, in MARLaaS async mode."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import requests
@@ -49,11 +51,10 @@ def overlaps(a: dict, b: dict) -> bool:
     return a["start"] < b["end"] and b["start"] < a["end"]
 
 
-def test_three_tasks_two_steps_async_end_to_end(
-    tmp_path, vllm_server, isolation_checked
-):
-    overrides = [f"cluster.fileroot={tmp_path}", "trial_name=e2e"]
-    overrides.append(f'server.addresses=["{vllm_server.address}"]')
+def small_run(tmp_path, address: str, trial: str) -> list[str]:
+    """3 tasks x 2 steps of 2 prompts x 2 samples on the shared test server."""
+    overrides = [f"cluster.fileroot={tmp_path}", f"trial_name={trial}"]
+    overrides.append(f'server.addresses=["{address}"]')
     for i in range(3):
         overrides += [
             f"tasks.{i}.total_steps=2",
@@ -61,14 +62,11 @@ def test_three_tasks_two_steps_async_end_to_end(
             f"tasks.{i}.n_samples=2",
             f"tasks.{i}.max_new_tokens=24",
         ]
-    cfg, _ = load_config(
-        ["--config", str(REPO / "configs" / "quickstart.yaml"), *overrides]
-    )
+    return ["--config", str(REPO / "configs" / "quickstart.yaml"), *overrides]
 
-    summary = MultiTaskTrainer(cfg).run()
 
-    run = tmp_path / "marlaas-quickstart" / "e2e"
-    assert summary["run_dir"] == str(run)
+def check_run_dir(run) -> None:
+    """What steps.jsonl, events.jsonl and summary.json must show."""
     # Every task committed versions 1 and 2, each trained on its own fresh data.
     steps = read_jsonl(run / "steps.jsonl")
     for task in TASKS:
@@ -76,8 +74,6 @@ def test_three_tasks_two_steps_async_end_to_end(
         assert [s["version"] for s in mine] == [1, 2]
         assert all(s["staleness_max"] == 0 for s in mine)
         assert all(s["n_trajectories"] == 4 for s in mine)
-    # Each update left every other task's adapter and optimizer untouched.
-    assert sorted(isolation_checked) == sorted(TASKS * 2)
     # Cross-task overlap: some rollout ran while another task trained.
     events = read_jsonl(run / "events.jsonl")
     rollouts = [e for e in events if e["phase"] == "rollout"]
@@ -93,6 +89,23 @@ def test_three_tasks_two_steps_async_end_to_end(
         t = saved["tasks"][task]
         assert (t["steps"], t["final_version"], t["status"]) == (2, 2, "done")
         assert t["ttfs_s"] > 0 and t["tpts_p50_s"] > 0
+
+
+def test_three_tasks_two_steps_async_end_to_end(
+    tmp_path, vllm_server, isolation_checked
+):
+    # In-process engines (scheduler.type=null), so every update can be inspected.
+    cfg, _ = load_config(
+        [*small_run(tmp_path, vllm_server.address, "e2e"), "scheduler.type=null"]
+    )
+
+    summary = MultiTaskTrainer(cfg).run()
+
+    run = tmp_path / "marlaas-quickstart" / "e2e"
+    assert summary["run_dir"] == str(run)
+    check_run_dir(run)
+    # Each update left every other task's adapter and optimizer untouched.
+    assert sorted(isolation_checked) == sorted(TASKS * 2)
     # The server serves each task's newest version; older ones were retired.
     base = f"http://{vllm_server.address}"
     models = {m["id"] for m in requests.get(f"{base}/v1/models").json()["data"]}
@@ -119,3 +132,27 @@ def test_three_tasks_two_steps_async_end_to_end(
             requests.post(
                 f"{base}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60
             )
+
+
+def test_marlaas_train_cli_on_areal_local_scheduler(tmp_path, vllm_server):
+    """The CLI default: AReaL's single controller with LocalScheduler workers."""
+    argv = small_run(tmp_path, vllm_server.address, "cli")
+    (tmp_path / "nr").mkdir()
+    argv.append(f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}")
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_marlaas.train", *argv],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = tmp_path / "marlaas-quickstart" / "cli"
+    check_run_dir(run)
+    # The per-task table and the run directory are printed at the end.
+    assert f"run dir: {run}" in proc.stdout
+    for task in TASKS:
+        assert any(
+            line.split()[:3] == [task, "done", "2"] for line in proc.stdout.splitlines()
+        )

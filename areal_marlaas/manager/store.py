@@ -22,6 +22,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from areal.utils import logging
+
+logger = logging.getLogger("MARLaaSRunStore")
+
 
 def atomic_write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -33,12 +37,25 @@ def atomic_write_json(path: Path, data: Any) -> None:
 
 
 class RunStore:
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, fresh: bool = True):
+        """``fresh`` starts the run over: what an earlier run with the same names
+        left here (logs, summary, task folders) is removed, so the logs describe
+        this run only."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self.events_path = self.root / "events.jsonl"
         self.steps_path = self.root / "steps.jsonl"
+        if fresh:
+            self._clear()
+
+    def _clear(self) -> None:
+        old = [self.events_path, self.steps_path, self.root / "summary.json"]
+        if any(p.exists() for p in old) or (self.root / "tasks").exists():
+            logger.warning(f"{self.root} holds an earlier run; starting over")
+        for p in old:
+            p.unlink(missing_ok=True)
+        shutil.rmtree(self.root / "tasks", ignore_errors=True)
 
     def task_dir(self, task: str) -> Path:
         return self.root / "tasks" / task

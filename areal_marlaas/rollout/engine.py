@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,9 +30,16 @@ from areal.api.io_struct import (
 )
 from areal.engine.vllm_remote import RemotevLLMEngine, VLLMBackend
 from areal.infra.remote_inf_engine import RemoteInfEngine
-from areal.utils import logging
+from areal.utils import logging, name_resolve, names
 
 from areal_marlaas.rollout.registry import AdapterRegistry, adapter_name
+from areal_marlaas.rollout.server import (
+    RolloutServerConfig,
+    clean_environ,
+    resolve_platform,
+    server_argv,
+    server_env,
+)
 
 logger = logging.getLogger("MARLaaSRollout")
 
@@ -68,6 +77,17 @@ class MultiLoRAVLLMBackend(VLLMBackend):
             payload={"lora_name": name, "lora_path": str(path)},
         )
 
+    def launch_server(self, server_args: dict[str, Any]) -> subprocess.Popen:
+        """Start vLLM's own server from the vLLM venv (AReaL's wrapper module
+        imports AReaL, which the vLLM venv does not have)."""
+        server = RolloutServerConfig()
+        platform = resolve_platform(server)
+        args = {**server_args, "logprobs_mode": "processed_logprobs"}
+        argv = server_argv(args, server, platform)
+        logger.info(f"Launching vLLM server: {' '.join(argv)}")
+        env = {**clean_environ(), **server_env(server, platform)}
+        return subprocess.Popen(argv, env=env, stdout=sys.stdout, stderr=sys.stdout)
+
     def build_lora_unload_request(self, name: str) -> HttpRequest:
         return HttpRequest(
             endpoint="/v1/unload_lora_adapter", payload={"lora_name": name}
@@ -94,6 +114,11 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         task = req.gconfig.lora_name
+        if task not in self.adapters.tasks():
+            # A task this engine was never told about (a plain AReaL trainer that
+            # registered `<lora_name>-v0` at server launch): AReaL's semantics,
+            # the engine-wide version.
+            return await super().agenerate(req)
         with self.adapters.lease(task) as version:
             token = _PINNED_VERSION.set(version)
             try:
@@ -102,34 +127,64 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
                 _PINNED_VERSION.reset(token)
 
     # -- adapters ---------------------------------------------------------------
-    def _post_all(self, req: HttpRequest, ok_if: str | None = None) -> None:
-        for addr in self.addresses:
-            url = f"http://{addr}{req.endpoint}"
-            try:
-                resp = self._http.post(
-                    url, json=req.payload, timeout=self.config.request_timeout
-                )
-            except requests.RequestException as e:
-                raise AdapterError(f"{url}: {e}") from e
-            if resp.ok or (ok_if and ok_if in resp.text):
-                continue
-            raise AdapterError(
-                f"{url} {req.payload}: HTTP {resp.status_code} {resp.text}"
+    def _post(self, addr: str, req: HttpRequest) -> requests.Response:
+        url = f"http://{addr}{req.endpoint}"
+        try:
+            return self._http.post(
+                url, json=req.payload, timeout=self.config.request_timeout
             )
+        except requests.RequestException as e:
+            raise AdapterError(f"{url}: {e}") from e
+
+    def _served_path(self, addr: str, name: str) -> str | None:
+        resp = self._http.get(f"http://{addr}/v1/models", timeout=30)
+        resp.raise_for_status()
+        return next(
+            (m.get("root") for m in resp.json()["data"] if m["id"] == name), None
+        )
 
     def load_adapter(self, task: str, version: int, path: str | Path) -> str:
-        """Load ``<task>-v<version>`` on every server (no switch, no unload)."""
+        """Load ``<task>-v<version>`` from ``path`` on every server.
+
+        A name already served from the same folder is left as is (a restarted
+        run re-registers its live adapters); one served from another folder (an
+        earlier run on a shared server) is replaced, so a name always means these
+        weights.
+        """
         name = adapter_name(task, version)
+        path = str(path)
         if not (Path(path) / "adapter_config.json").is_file():
             raise AdapterError(
                 f"{path} is not a PEFT adapter folder (no adapter_config.json)"
             )
-        # Loading is idempotent: a restarted controller may re-load a live name.
-        self._post_all(
-            self.backend.build_lora_load_request(name, path),
-            ok_if="already been loaded",
-        )
+        load = self.backend.build_lora_load_request(name, path)
+        for addr in self.addresses:
+            resp = self._post(addr, load)
+            if resp.ok:
+                continue
+            if "already been loaded" not in resp.text:
+                raise AdapterError(
+                    f"{addr} load {name}: HTTP {resp.status_code} {resp.text}"
+                )
+            if self._served_path(addr, name) == path:
+                continue
+            logger.warning(f"{addr}: {name} was served from another folder; replacing")
+            self._post(addr, self.backend.build_lora_unload_request(name))
+            resp = self._post(addr, load)
+            if not resp.ok:
+                raise AdapterError(
+                    f"{addr} load {name}: HTTP {resp.status_code} {resp.text}"
+                )
         return name
+
+    def unload_adapter(self, name: str) -> None:
+        unload = self.backend.build_lora_unload_request(name)
+        for addr in self.addresses:
+            resp = self._post(addr, unload)
+            if not resp.ok and resp.status_code != 404:
+                raise AdapterError(
+                    f"{addr} unload {name}: HTTP {resp.status_code} {resp.text}"
+                )
 
     def register_task(self, task: str, version: int, path: str | Path) -> None:
         """Load a task's starting adapter and route its requests to it."""
@@ -162,7 +217,7 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
     def _retire(self, name: str, on_retired: Callable[[str], None] | None) -> str:
         if not self.adapters.wait_drained(name, timeout=self.config.request_timeout):
             logger.warning(f"{name} still has requests after the timeout; unloading")
-        self._post_all(self.backend.build_lora_unload_request(name), ok_if="not found")
+        self.unload_adapter(name)
         self.adapters.mark_retired(name)
         logger.info(f"retired {name}")
         if on_retired is not None:
@@ -174,16 +229,22 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         self.publish(task, version, path)
 
     def update_weights_from_disk(self, meta: WeightUpdateMeta) -> Future[None]:
-        """AReaL's disk LoRA update path, per task: ``meta.lora_name`` is the task."""
+        """AReaL's disk LoRA update path, per task: ``meta.lora_name`` is the task.
+
+        As in AReaL, the trainer announces a finished save through name_resolve;
+        the new adapter is published once that key appears.
+        """
         if not meta.use_lora or meta.version is None:
             raise ValueError("multi-LoRA engines only take versioned LoRA disk updates")
-        fut: Future[None] = Future()
-        try:
+        key = names.update_weights_from_disk(
+            self.config.experiment_name, self.config.trial_name, self.get_version()
+        )
+
+        def load() -> None:
+            name_resolve.wait(key, timeout=self.config.request_timeout)
             self.publish(meta.lora_name, meta.version, meta.path)
-            fut.set_result(None)
-        except Exception as e:  # surfaced through the future, as AReaL does
-            fut.set_exception(e)
-        return fut
+
+        return self._retire_pool.submit(load)
 
     def pause_generation(self) -> None:
         # A LoRA update is a new adapter name: nothing in flight needs aborting.

@@ -170,30 +170,32 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def build_server_command(
-    model: str,
-    vllm_cfg: MultiLoRAvLLMConfig,
-    server: RolloutServerConfig,
-    port: int,
-    platform: str | None = None,
-) -> tuple[list[str], dict[str, str]]:
-    """The argv and extra environment that start one multi-LoRA server."""
-    platform = platform or (
-        detect_platform() if server.platform == "auto" else server.platform
-    )
-    cfg = dataclasses.replace(vllm_cfg, model=model)
-    if not cfg.max_cpu_loras:
-        cfg.max_cpu_loras = 2 * cfg.max_loras
-    cfg.block_size = server_block_size(cfg.block_size, platform)
-    args = vLLMConfig.build_args(cfg, tp_size=1, pp_size=1, host=server.host, port=port)
+def resolve_platform(server: RolloutServerConfig) -> str:
+    return detect_platform() if server.platform == "auto" else server.platform
+
+
+def server_argv(args: dict, server: RolloutServerConfig, platform: str) -> list[str]:
+    """vLLM's own OpenAI server (from the vLLM venv) for AReaL-style ``args``."""
+    args = dict(args)
     for name in _AREAL_ONLY_FIELDS:
         args.pop(name, None)
+    args["block_size"] = server_block_size(args.get("block_size") or 16, platform)
     if platform == "cpu":
         # CPU attention has no GPU memory to profile; the KV size comes from env.
         args.pop("gpu_memory_utilization", None)
     argv = get_py_cmd("vllm.entrypoints.openai.api_server", args)
     argv[0] = server.python or vllm_python()
+    return argv
 
+
+def clean_environ() -> dict[str, str]:
+    """This process's environment without what points into the AReaL venv: the
+    server runs from its own venv (AReaL's workers export PYTHONPATH)."""
+    drop = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def server_env(server: RolloutServerConfig, platform: str) -> dict[str, str]:
     # Runtime LoRA load/unload routes exist only with this flag.
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if platform == "cpu":
@@ -207,7 +209,23 @@ def build_server_command(
     elif platform == "cuda" and server.devices:
         env["CUDA_VISIBLE_DEVICES"] = server.devices
     env.update(server.env)
-    return argv, env
+    return env
+
+
+def build_server_command(
+    model: str,
+    vllm_cfg: MultiLoRAvLLMConfig,
+    server: RolloutServerConfig,
+    port: int,
+    platform: str | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and extra environment that start one multi-LoRA server."""
+    platform = platform or resolve_platform(server)
+    cfg = dataclasses.replace(vllm_cfg, model=model)
+    if not cfg.max_cpu_loras:
+        cfg.max_cpu_loras = 2 * cfg.max_loras
+    args = vLLMConfig.build_args(cfg, tp_size=1, pp_size=1, host=server.host, port=port)
+    return server_argv(args, server, platform), server_env(server, platform)
 
 
 def is_healthy(address: str, timeout: float = 5.0) -> bool:
@@ -246,7 +264,7 @@ class VLLMServer:
         with open(self.log_file, "ab") as log:
             self.process = subprocess.Popen(
                 argv,
-                env={**os.environ, **env},
+                env={**clean_environ(), **env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # so stop() can kill its worker processes too

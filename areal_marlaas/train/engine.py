@@ -69,7 +69,28 @@ def trajectory_versions(traj: dict[str, Any]) -> set[int]:
     return set(traj["versions"][mask].tolist())
 
 
-class MultiLoRAFSDPPPOActor(FSDPPPOActor):
+class PackedAttentionMaskFix:
+    """AReaL passes ``{"full_attention": None, ...}`` as the attention mask of a
+    packed micro-batch, which only varlen flash attention reads correctly: with
+    sdpa/eager it crashes on Llama and, on Qwen3, attends across sequence
+    boundaries. With no mask, transformers builds a block-diagonal causal mask
+    from the per-sequence position_ids."""
+
+    def _prepare_mb_list(self, input_: dict[str, Any]):
+        mb_list = super()._prepare_mb_list(input_)
+        if self.config.attn_impl not in _VARLEN_ATTN:
+            for mb in [*mb_list.mbs, *(mb_list.padded_mbs or [])]:
+                if isinstance(mb.get("attention_mask"), dict):
+                    mb["attention_mask"] = None
+        return mb_list
+
+
+class CPUFixedFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
+    """AReaL's single-adapter FSDP PPO actor with the packed-mask fix, for plain
+    AReaL trainers on CPU (sdpa)."""
+
+
+class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
     def __init__(self, config: PPOActorConfig):
         if not config.use_lora:
             raise ValueError("actor.use_lora must be true for the multi-LoRA engine")
@@ -94,19 +115,6 @@ class MultiLoRAFSDPPPOActor(FSDPPPOActor):
         # Optimizers are per task (add_task); none covers the whole model.
         self.optimizer = None
         self.lr_scheduler = None
-
-    def _prepare_mb_list(self, input_: dict[str, Any]):
-        mb_list = super()._prepare_mb_list(input_)
-        if self.config.attn_impl not in _VARLEN_ATTN:
-            # AReaL passes {"full_attention": None, ...} as the mask of a packed
-            # micro-batch, which only varlen flash attention reads correctly: sdpa
-            # crashes on Llama and, on Qwen3, attends across sequence boundaries.
-            # With no mask, transformers builds a block-diagonal causal mask from
-            # the per-sequence position_ids.
-            for mb in [*mb_list.mbs, *(mb_list.padded_mbs or [])]:
-                if isinstance(mb.get("attention_mask"), dict):
-                    mb["attention_mask"] = None
-        return mb_list
 
     # -- tasks ------------------------------------------------------------------
     def add_task(

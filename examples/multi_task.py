@@ -1,0 +1,84 @@
+"""Several tenant tasks from a plain research script, with the plugin's pieces used
+directly: AReaL config loading, the multi-LoRA rollout engine, the multi-LoRA FSDP
+actor and the MARLaaS runtime.
+
+    python examples/multi_task.py --config configs/quickstart.yaml scheduler.type=null
+
+(`marlaas train` does the same with more bookkeeping; this shows the moving parts.)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from areal.api.io_struct import FinetuneSpec
+from areal.utils.hf_utils import load_hf_tokenizer
+
+from areal_marlaas.config import load_config
+from areal_marlaas.manager.data import TaskData
+from areal_marlaas.manager.store import RunStore
+from areal_marlaas.rollout.session import RolloutSession, task_workflow
+from areal_marlaas.scheduler.runtime import Runtime, TaskRun
+from areal_marlaas.tasks import load_task_rows
+from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
+from areal_marlaas.train.trainer import run_dir
+
+
+def main(argv: list[str]) -> None:
+    cfg, _ = load_config(argv)
+    store = RunStore(run_dir(cfg))
+
+    # The trainer: one FSDP rank in this process, one LoRA slot, one state per task.
+    for k, v in dict(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0").items():
+        os.environ.setdefault(k, v)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29611")
+    actor = MultiLoRAFSDPPPOActor(cfg.actor)
+    actor.create_process_group()
+    actor.initialize(None, FinetuneSpec(1, sum(t.total_steps for t in cfg.tasks), 1))
+
+    tokenizer = load_hf_tokenizer(cfg.tokenizer_path)
+    runs = []
+    for spec in cfg.tasks:
+        actor.add_task(
+            spec.name,
+            lr=spec.lr,
+            total_steps=spec.total_steps,
+            n_samples=spec.n_samples,
+            seed=spec.seed,
+            temperature=spec.temperature,
+        )
+        actor.save_adapter(spec.name, store.adapter_dir(spec.name, 0))
+        store.commit(spec.name, 0, {"cursor": 0})
+        workflow, kwargs = task_workflow(spec, cfg.tokenizer_path)
+        data = TaskData(
+            load_task_rows(spec), spec.seed, tokenizer, spec.max_prompt_tokens
+        )
+        runs.append(
+            TaskRun(
+                spec.name,
+                spec.total_steps,
+                spec.batch_size,
+                spec.n_samples,
+                data,
+                workflow,
+                kwargs,
+            )
+        )
+
+    # The shared multi-LoRA server and AReaL's remote vLLM engine (subclassed).
+    with RolloutSession(cfg, store.root) as session:
+        for spec in cfg.tasks:
+            session.engine.register_task(spec.name, 0, store.adapter_dir(spec.name, 0))
+        summary = Runtime(runs, session.engine, actor, store).run()
+    actor.destroy()
+
+    for name, t in summary["tasks"].items():
+        rewards = f"{t['reward_first']} -> {t['reward_last']}"
+        print(f"{name}: {t['steps']} steps, reward {rewards}")
+    print(f"{summary['train_steps_per_hour']:.0f} train steps/h; run dir {store.root}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
