@@ -162,6 +162,13 @@ _CONFIG_COMMANDS = {
 }
 
 
+def _report(args: argparse.Namespace) -> int:
+    from areal_marlaas.metrics.report import format_phase_stats, phase_stats
+
+    print(format_phase_stats(phase_stats(args.run_dir)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in _CONFIG_COMMANDS:
@@ -188,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
             help=(fn.__doc__ or name).splitlines()[0],
             usage=f"marlaas {name} --config X.yaml [--tasks T.yaml] [key=value ...]",
         )
+
+    p = sub.add_parser("report", help="Time per phase and task of a run directory")
+    p.add_argument("run_dir")
+    p.set_defaults(fn=_report)
 
     p = sub.add_parser("make-tiny-model", help="Write a tiny random model for tests")
     p.add_argument("--out", required=True)

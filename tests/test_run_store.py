@@ -66,3 +66,18 @@ def test_task_data_cursor_resumes_the_same_order():
 
     assert [r["id"] for r in b.next_batch(8)] == rest
     assert sorted(first + rest[:6]) == list(range(10))  # one epoch = each row once
+
+
+def test_phase_report_aggregates_events_per_task(tmp_path):
+    from areal_marlaas.metrics.report import format_phase_stats, phase_stats
+
+    store = RunStore(tmp_path)
+    store.event("a", 0, "rollout", 0.0, 2.0)
+    store.event("a", 1, "rollout", 10.0, 14.0)
+    store.event("b", 0, "train", 2.0, 5.0)
+
+    stats = phase_stats(tmp_path)
+
+    assert stats["a"]["rollout"] == {"n": 2, "mean_s": 3.0, "p50_s": 3.0, "max_s": 4.0}
+    assert stats["all"]["train"]["n"] == 1
+    assert "a            rollout     2     3.00" in format_phase_stats(stats)

@@ -1,0 +1,1 @@
+"""Reading run directories back: phase times, per-task tables."""
