@@ -92,3 +92,18 @@ def test_bad_server_config_names_the_field(kwargs, message):
 def test_max_cpu_loras_below_max_loras_is_rejected():
     with pytest.raises(ValueError, match="vllm.max_cpu_loras"):
         MultiLoRAvLLMConfig(max_loras=4, max_cpu_loras=2)
+
+
+def test_server_env_drops_areal_side_variables(monkeypatch):
+    from areal_marlaas.rollout.server import clean_environ
+
+    monkeypatch.setenv("PYTHONPATH", "/areal/venv/site-packages")
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("HF_HOME", "/cache/hf")
+
+    env = clean_environ()
+
+    assert "PYTHONPATH" not in env and "OMP_NUM_THREADS" not in env
+    assert "MASTER_PORT" not in env
+    assert env["HF_HOME"] == "/cache/hf"

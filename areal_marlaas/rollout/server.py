@@ -189,9 +189,22 @@ def server_argv(args: dict, server: RolloutServerConfig, platform: str) -> list[
 
 
 def clean_environ() -> dict[str, str]:
-    """This process's environment without what points into the AReaL venv: the
-    server runs from its own venv (AReaL's workers export PYTHONPATH)."""
-    drop = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+    """This process's environment without what belongs to the AReaL side: the
+    server runs from its own venv (AReaL's workers export PYTHONPATH) and sets up
+    its own threads and process group (workers export OMP_NUM_THREADS, RANK, ...)."""
+    drop = {
+        "PYTHONPATH",
+        "VIRTUAL_ENV",
+        "PYTHONHOME",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+    }
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
