@@ -1,4 +1,4 @@
-"""The ``marlaas`` command: prepare-model, make-tiny-model, check, serve."""
+"""The ``marlaas`` command: train, check, serve, bench-*, report, prepare-model."""
 
 from __future__ import annotations
 
