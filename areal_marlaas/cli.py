@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -151,6 +152,26 @@ def _bench_learning(rest: list[str]) -> int:
     return 0
 
 
+def _eval_adapters(rest: list[str]) -> int:
+    """Held-out reward of adapters of the config's first task (label=path ...)."""
+    import argparse
+
+    from areal_marlaas.bench.learning import evaluate_adapters
+    from areal_marlaas.config import load_config
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--adapter", action="append", default=[], help="label=path")
+    parser.add_argument("--prompts", type=int, default=96)
+    opts, rest = parser.parse_known_args(rest)
+    cfg, _ = load_config(rest)
+    adapters = dict(a.split("=", 1) for a in opts.adapter)
+    result = evaluate_adapters(cfg, adapters, opts.prompts)
+    for label, reward in result.items():
+        print(f"{label:<16} {reward:.3f}")
+    print(json.dumps(result))
+    return 0
+
+
 # Commands that take `--config X.yaml [--tasks T.yaml] [key=value ...]`.
 _CONFIG_COMMANDS = {
     "check": _check,
@@ -159,6 +180,7 @@ _CONFIG_COMMANDS = {
     "rollout": _rollout,
     "bench-rollout": _bench_rollout,
     "bench-learning": _bench_learning,
+    "eval-adapters": _eval_adapters,
 }
 
 

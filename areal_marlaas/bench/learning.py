@@ -128,3 +128,27 @@ def format_learning(result: dict[str, Any]) -> str:
     )
     lines.append(f"plot: {result['plot']}")
     return "\n".join(lines)
+
+
+def evaluate_adapters(
+    cfg: MARLaaSConfig, adapters: dict[str, str], prompts: int, samples: int = 2
+) -> dict[str, float]:
+    """Mean reward of each adapter on held-out prompts of the config's first task
+    (same kind, another seed), at the task's temperature."""
+    from areal_marlaas.rollout.session import RolloutSession, task_workflow
+    from areal_marlaas.tasks import load_task_rows
+
+    base = cfg.tasks[0]
+    held_out = dataclasses.replace(base, seed=base.seed + 10_000)
+    rows = load_task_rows(held_out)[:prompts]
+    out = {}
+    with RolloutSession(cfg, Path(cfg.cluster.fileroot) / "eval") as session:
+        for i, (label, path) in enumerate(adapters.items()):
+            name = f"eval{i}_{base.name}"
+            session.engine.register_task(name, 0, path)
+            spec = dataclasses.replace(base, name=name)
+            workflow, kwargs = task_workflow(spec, cfg.tokenizer_path)
+            trajs = session.engine.rollout_task(rows, workflow, kwargs, samples)
+            rewards = [float(r) for t in trajs if t is not None for r in t["rewards"]]
+            out[label] = statistics.fmean(rewards)
+    return out
