@@ -2,7 +2,7 @@
 directly: AReaL config loading, the multi-LoRA rollout engine, the multi-LoRA FSDP
 actor and the MARLaaS runtime.
 
-    python examples/multi_task.py --config configs/quickstart.yaml scheduler.type=null
+    python examples/multi_task.py --config configs/quickstart.yaml
 
 (`marlaas train` does the same with more bookkeeping; this shows the moving parts.)
 """
@@ -16,13 +16,11 @@ from areal.api.io_struct import FinetuneSpec
 from areal.utils.hf_utils import load_hf_tokenizer
 
 from areal_marlaas.config import load_config
-from areal_marlaas.manager.data import TaskData
 from areal_marlaas.manager.store import RunStore
-from areal_marlaas.rollout.session import RolloutSession, task_workflow
-from areal_marlaas.scheduler.runtime import Runtime, TaskRun
-from areal_marlaas.tasks import load_task_rows
+from areal_marlaas.rollout.session import RolloutSession
+from areal_marlaas.scheduler.runtime import Runtime
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
-from areal_marlaas.train.trainer import run_dir
+from areal_marlaas.train.trainer import add_tenant, run_dir
 
 
 def main(argv: list[str]) -> None:
@@ -38,34 +36,12 @@ def main(argv: list[str]) -> None:
     actor.create_process_group()
     actor.initialize(None, FinetuneSpec(1, sum(t.total_steps for t in cfg.tasks), 1))
 
+    # Each tenant: its own LoRA weights, AdamW state and GRPO actor on the trainer,
+    # a committed v0 adapter, and its prompts/workflow for the runtime.
     tokenizer = load_hf_tokenizer(cfg.tokenizer_path)
-    runs = []
-    for spec in cfg.tasks:
-        actor.add_task(
-            spec.name,
-            lr=spec.lr,
-            total_steps=spec.total_steps,
-            n_samples=spec.n_samples,
-            seed=spec.seed,
-            temperature=spec.temperature,
-        )
-        actor.save_adapter(spec.name, store.adapter_dir(spec.name, 0))
-        store.commit(spec.name, 0, {"cursor": 0})
-        workflow, kwargs = task_workflow(spec, cfg.tokenizer_path)
-        data = TaskData(
-            load_task_rows(spec), spec.seed, tokenizer, spec.max_prompt_tokens
-        )
-        runs.append(
-            TaskRun(
-                spec.name,
-                spec.total_steps,
-                spec.batch_size,
-                spec.n_samples,
-                data,
-                workflow,
-                kwargs,
-            )
-        )
+    runs = [
+        add_tenant(actor, s, store, tokenizer, cfg.tokenizer_path) for s in cfg.tasks
+    ]
 
     # The shared multi-LoRA server and AReaL's remote vLLM engine (subclassed).
     with RolloutSession(cfg, store.root) as session:

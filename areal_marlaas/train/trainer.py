@@ -20,7 +20,7 @@ from areal.utils.hf_utils import load_hf_tokenizer
 from areal.utils.network import find_free_ports
 from areal.utils.stats_logger import StatsLogger
 
-from areal_marlaas.config import MARLaaSConfig
+from areal_marlaas.config import MARLaaSConfig, TaskSpec
 from areal_marlaas.manager.data import TaskData
 from areal_marlaas.manager.store import RunStore
 from areal_marlaas.rollout.session import RolloutSession, task_workflow
@@ -42,6 +42,32 @@ def _single_rank_env() -> None:
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(find_free_ports(1)[0]))
+
+
+def add_tenant(engine, spec: TaskSpec, store: RunStore, tokenizer, tokenizer_path: str):
+    """Give ``spec`` its state on the trainer, commit its v0 adapter, and return
+    what the runtime needs to run it (``engine``: the FSDP actor or its handle)."""
+    engine.add_task(
+        spec.name,
+        lr=spec.lr,
+        total_steps=spec.total_steps,
+        n_samples=spec.n_samples,
+        seed=spec.seed,
+        temperature=spec.temperature,
+    )
+    engine.save_adapter(spec.name, str(store.adapter_dir(spec.name, 0)))
+    store.commit(spec.name, 0, {"cursor": 0, "steps": 0})
+    workflow, kwargs = task_workflow(spec, tokenizer_path)
+    data = TaskData(load_task_rows(spec), spec.seed, tokenizer, spec.max_prompt_tokens)
+    return TaskRun(
+        name=spec.name,
+        total_steps=spec.total_steps,
+        batch_size=spec.batch_size,
+        n_samples=spec.n_samples,
+        data=data,
+        workflow=workflow,
+        workflow_kwargs=kwargs,
+    )
 
 
 class MultiTaskTrainer:
@@ -95,39 +121,11 @@ class MultiTaskTrainer:
         return engine
 
     def _prepare_tasks(self, engine) -> list[TaskRun]:
-        cfg = self.cfg
-        tokenizer = load_hf_tokenizer(cfg.tokenizer_path)
-        runs = []
-        for spec in cfg.tasks:
-            engine.add_task(
-                spec.name,
-                lr=spec.lr,
-                total_steps=spec.total_steps,
-                n_samples=spec.n_samples,
-                seed=spec.seed,
-                temperature=spec.temperature,
-            )
-            v0 = self.store.adapter_dir(spec.name, 0)
-            engine.save_adapter(spec.name, str(v0))
-            self.store.commit(spec.name, 0, {"cursor": 0, "steps": 0})
-            workflow, kwargs = task_workflow(spec, cfg.tokenizer_path)
-            runs.append(
-                TaskRun(
-                    name=spec.name,
-                    total_steps=spec.total_steps,
-                    batch_size=spec.batch_size,
-                    n_samples=spec.n_samples,
-                    data=TaskData(
-                        load_task_rows(spec),
-                        spec.seed,
-                        tokenizer,
-                        spec.max_prompt_tokens,
-                    ),
-                    workflow=workflow,
-                    workflow_kwargs=kwargs,
-                )
-            )
-        return runs
+        tokenizer = load_hf_tokenizer(self.cfg.tokenizer_path)
+        return [
+            add_tenant(engine, spec, self.store, tokenizer, self.cfg.tokenizer_path)
+            for spec in self.cfg.tasks
+        ]
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
