@@ -30,6 +30,8 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
+from areal_marlaas.workflows.rlvr import generated_versions
+
 logger = logging.getLogger("MARLaaSTrainEngine")
 
 # Attention implementations that take packed sequences through cu_seqlens; the rest
@@ -62,11 +64,6 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 
 def _full(p: torch.Tensor) -> torch.Tensor:
     return p.full_tensor() if hasattr(p, "full_tensor") else p
-
-
-def trajectory_versions(traj: dict[str, Any]) -> set[int]:
-    mask = traj["loss_mask"].bool()
-    return set(traj["versions"][mask].tolist())
 
 
 class PackedAttentionMaskFix:
@@ -244,7 +241,7 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
         self.switch_task(name)
         slot = self.slots[name]
         for i, traj in enumerate(batch):
-            versions = trajectory_versions(traj)
+            versions = generated_versions(traj)
             if versions != {slot.version}:
                 raise StaleBatchError(
                     f"task {name!r} is at version {slot.version} but trajectory {i} "
