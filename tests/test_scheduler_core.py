@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_marlaas.scheduler.core import (
+    AdmissionError,
     FinishTask,
     ProtocolError,
     PublishDone,
@@ -23,12 +24,12 @@ from areal_marlaas.scheduler.core import (
 )
 
 
-def drive(core: SchedulerCore, steps: dict[str, int], seed: int, fail=None):
+def drive(core: SchedulerCore, steps: dict[str, int], seed: int, fail=None, kv=None):
     """Complete in-flight actions in a random order; check invariants throughout."""
     rng = random.Random(seed)
-    pending, log = [], []
+    pending, log, max_rolling = [], [], 0
     for task, n in steps.items():
-        pending += core.handle(Submitted(task, n))
+        pending += core.handle(Submitted(task, n, kv_bytes=(kv or {}).get(task, 0)))
     while pending:
         action = pending.pop(rng.randrange(len(pending)))
         log.append(action)
@@ -53,7 +54,10 @@ def drive(core: SchedulerCore, steps: dict[str, int], seed: int, fail=None):
         assert len(trains) <= 1  # one serialized trainer
         per_task = [a.task for a in pending if not isinstance(a, FinishTask)]
         assert len(per_task) == len(set(per_task))  # one batch in flight per task
-    return log
+        if core.kv_budget is not None:
+            assert core.kv_in_use() <= core.kv_budget
+        max_rolling = max(max_rolling, len(core.rolling()))
+    return log, max_rolling
 
 
 @settings(max_examples=200, deadline=None)
@@ -66,7 +70,7 @@ def drive(core: SchedulerCore, steps: dict[str, int], seed: int, fail=None):
 def test_async_any_event_order_finishes_every_task_on_policy(steps, seed):
     core = SchedulerCore()
 
-    log = drive(core, steps, seed)
+    log, _ = drive(core, steps, seed)
 
     assert core.finished()
     for task, n in steps.items():
@@ -119,3 +123,34 @@ def test_resumed_task_starts_from_its_committed_version():
     core = SchedulerCore()
     assert core.handle(Submitted("a", 5, version=3)) == [StartRollout("a", 3)]
     assert core.handle(Submitted("b", 2, version=2)) == [FinishTask("b")]
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_budget_for_two_of_four_tasks_never_rolls_out_more_than_two(seed):
+    core = SchedulerCore(kv_budget=250)
+    kv = {t: 100 for t in "abcd"}
+
+    _, max_rolling = drive(core, {t: 3 for t in "abcd"}, seed, kv=kv)
+
+    assert core.finished() and all(t.phase == "done" for t in core.tasks.values())
+    assert max_rolling == 2
+
+
+def test_admission_follows_priority_then_submission_order():
+    core = SchedulerCore(kv_budget=100)
+    assert core.handle(Submitted("a", 1, kv_bytes=60)) == [StartRollout("a", 0)]
+    assert core.handle(Submitted("b", 1, kv_bytes=60)) == []
+    assert core.handle(Submitted("c", 1, kv_bytes=60, priority=5)) == []
+
+    # a's batch is generated: its KV is free; c outranks b.
+    actions = core.handle(RolloutDone("a", 0))
+
+    assert StartRollout("c", 0) in actions and StartRollout("b", 0) not in actions
+
+
+def test_task_larger_than_the_budget_is_refused_at_submission():
+    core = SchedulerCore(kv_budget=100)
+    with pytest.raises(AdmissionError, match="task 'big'.*could never be admitted"):
+        core.handle(Submitted("big", 1, kv_bytes=101))
+    assert "big" not in core.tasks

@@ -33,6 +33,8 @@ class Submitted:
     task: str
     total_steps: int
     version: int = 0  # resume starts from the committed version
+    kv_bytes: int = 0  # KV footprint of one rollout batch (admission)
+    priority: int = 0  # higher is admitted first
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,10 @@ class ProtocolError(RuntimeError):
     """An event that cannot happen in the task's current phase (a runtime bug)."""
 
 
+class AdmissionError(ValueError):
+    """A task whose rollout batch alone exceeds the KV budget: it could never run."""
+
+
 @dataclass
 class TaskState:
     name: str
@@ -102,10 +108,19 @@ class TaskState:
     steps_done: int = 0
     phase: Phase = Phase.PENDING
     reason: str = ""
+    kv_bytes: int = 0
+    priority: int = 0
+    order: int = 0
 
 
 @dataclass
 class SchedulerCore:
+    """``kv_budget`` (bytes, None = unlimited) caps the summed KV footprint of the
+    tasks rolling out at once; waiting tasks are admitted by priority, then
+    submission order, and a task that does not fit holds back those behind it
+    (no overtaking, so a large task is never starved)."""
+
+    kv_budget: int | None = None
     tasks: dict[str, TaskState] = field(default_factory=dict)
     train_queue: deque[str] = field(default_factory=deque)
     training: str | None = None
@@ -118,6 +133,9 @@ class SchedulerCore:
 
     def rolling(self) -> list[str]:
         return [n for n, t in self.tasks.items() if t.phase is Phase.ROLLOUT]
+
+    def kv_in_use(self) -> int:
+        return sum(self.tasks[n].kv_bytes for n in self.rolling())
 
     # -- transitions ------------------------------------------------------------
     def handle(self, event: Event) -> list[Action]:
@@ -132,9 +150,9 @@ class SchedulerCore:
             return []  # late news about a task that already ended
         if isinstance(event, RolloutDone):
             self._expect(task, Phase.ROLLOUT, event.version)
-            task.phase = Phase.QUEUED
+            task.phase = Phase.QUEUED  # its KV is free again
             self.train_queue.append(task.name)
-            return self._next_train()
+            return [*self._next_train(), *self._admit()]
         if isinstance(event, TrainDone):
             if self.training != task.name or event.version != task.version + 1:
                 raise ProtocolError(f"{event} while training {self.training!r}")
@@ -151,7 +169,20 @@ class SchedulerCore:
     def _submitted(self, event: Submitted) -> list[Action]:
         if event.task in self.tasks:
             raise ProtocolError(f"task {event.task!r} submitted twice")
-        task = TaskState(event.task, event.total_steps, version=event.version)
+        if self.kv_budget is not None and event.kv_bytes > self.kv_budget:
+            raise AdmissionError(
+                f"task {event.task!r}: one rollout batch needs {event.kv_bytes} bytes "
+                f"of KV cache but the budget is {self.kv_budget}; it could never be "
+                "admitted (lower batch_size, n_samples or max_new_tokens)"
+            )
+        task = TaskState(
+            event.task,
+            event.total_steps,
+            version=event.version,
+            kv_bytes=event.kv_bytes,
+            priority=event.priority,
+            order=len(self.tasks),
+        )
         task.steps_done = event.version  # one committed version per step
         self.tasks[event.task] = task
         return self._after_publish(task)
@@ -160,8 +191,23 @@ class SchedulerCore:
         if task.steps_done >= task.total_steps:
             task.phase = Phase.DONE
             return [FinishTask(task.name)]
-        task.phase = Phase.ROLLOUT
-        return [StartRollout(task.name, task.version)]
+        task.phase = Phase.PENDING
+        return self._admit()
+
+    def _admit(self) -> list[Action]:
+        waiting = sorted(
+            (t for t in self.tasks.values() if t.phase is Phase.PENDING),
+            key=lambda t: (-t.priority, t.order),
+        )
+        used = self.kv_in_use()
+        actions: list[Action] = []
+        for task in waiting:
+            if self.kv_budget is not None and used + task.kv_bytes > self.kv_budget:
+                break
+            used += task.kv_bytes
+            task.phase = Phase.ROLLOUT
+            actions.append(StartRollout(task.name, task.version))
+        return actions
 
     def _next_train(self) -> list[Action]:
         if self.training is not None or not self.train_queue:
@@ -178,13 +224,13 @@ class SchedulerCore:
         was_training = self.training == task.name
         if task.name in self.train_queue:
             self.train_queue.remove(task.name)
-        task.phase = Phase.FAILED
+        task.phase = Phase.FAILED  # frees its KV if it was rolling out
         task.reason = reason
         actions: list[Action] = [FinishTask(task.name, failed=True)]
         if was_training:
             self.training = None
             actions += self._next_train()
-        return actions
+        return [*actions, *self._admit()]
 
     @staticmethod
     def _expect(task: TaskState, phase: Phase, version: int) -> None:
