@@ -9,7 +9,6 @@ actor and the MARLaaS runtime.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from areal.api.io_struct import FinetuneSpec
@@ -20,7 +19,7 @@ from areal_marlaas.manager.store import RunStore
 from areal_marlaas.rollout.session import RolloutSession
 from areal_marlaas.scheduler.runtime import Runtime
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
-from areal_marlaas.train.trainer import add_tenant, run_dir
+from areal_marlaas.train.trainer import add_tenant, run_dir, single_rank_env
 
 
 def main(argv: list[str]) -> None:
@@ -28,10 +27,7 @@ def main(argv: list[str]) -> None:
     store = RunStore(run_dir(cfg))
 
     # The trainer: one FSDP rank in this process, one LoRA slot, one state per task.
-    for k, v in dict(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0").items():
-        os.environ.setdefault(k, v)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29611")
+    single_rank_env()
     actor = MultiLoRAFSDPPPOActor(cfg.actor)
     actor.create_process_group()
     actor.initialize(None, FinetuneSpec(1, sum(t.total_steps for t in cfg.tasks), 1))

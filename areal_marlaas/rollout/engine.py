@@ -114,7 +114,7 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         task = req.gconfig.lora_name
-        if task not in self.adapters.tasks():
+        if not self.adapters.has(task):
             # A task this engine was never told about (a plain AReaL trainer that
             # registered `<lora_name>-v0` at server launch): AReaL's semantics,
             # the engine-wide version.

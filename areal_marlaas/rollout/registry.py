@@ -47,6 +47,10 @@ class AdapterRegistry:
         with self._cv:
             return dict(self._current)
 
+    def has(self, task: str) -> bool:
+        with self._cv:
+            return task in self._current
+
     def version(self, task: str) -> int:
         with self._cv:
             if task not in self._current:

@@ -54,7 +54,6 @@ class TaskSlot:
     lr_scheduler: Any
     actor: PPOActor
     version: int = 0
-    steps: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -254,7 +253,6 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
             self.lr_scheduler.step()
             stats = stats_tracker.export(reset=True)
         slot.version += 1
-        slot.steps += 1
         self._version = slot.version
         return stats
 

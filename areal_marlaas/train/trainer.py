@@ -35,7 +35,7 @@ def run_dir(cfg: MARLaaSConfig) -> Path:
     return Path(cfg.cluster.fileroot) / cfg.experiment_name / cfg.trial_name
 
 
-def _single_rank_env() -> None:
+def single_rank_env() -> None:
     """The in-process FSDP engine is one rank of a one-rank gloo/nccl group."""
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("RANK", "0")
@@ -108,7 +108,7 @@ class MultiTaskTrainer:
         t0 = time.monotonic()
         ft_spec = FinetuneSpec(1, sum(t.total_steps for t in cfg.tasks), 1)
         if self.scheduler is None:
-            _single_rank_env()
+            single_rank_env()
             engine = MultiLoRAFSDPPPOActor(cfg.actor)
             engine.create_process_group()
             engine.initialize(None, ft_spec)
