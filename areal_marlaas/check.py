@@ -84,8 +84,14 @@ def check_task(i: int, task: TaskSpec, kv: KVModel, capacity: int | None) -> Tas
     )
 
 
-def check_config(cfg: MARLaaSConfig) -> list[TaskReport]:
-    """Raise ``ConfigError`` on the first problem; return a per-task report."""
+def check_config(
+    cfg: MARLaaSConfig, task_errors: dict[str, str] | None = None
+) -> list[TaskReport]:
+    """Raise ``ConfigError`` on the first problem; return a per-task report.
+
+    With ``task_errors`` (``marlaas train``), a problem of one task (its dataset,
+    reward function, workflow or KV need) is recorded there under the task's name
+    instead, so that task fails at start and the others still run."""
     model = Path(cfg.actor.path)
     if not (model / "config.json").is_file():
         raise ConfigError(
@@ -94,4 +100,12 @@ def check_config(cfg: MARLaaSConfig) -> list[TaskReport]:
         )
     kv = kv_model(cfg)
     capacity = kv_capacity_bytes(cfg)
-    return [check_task(i, t, kv, capacity) for i, t in enumerate(cfg.tasks)]
+    reports = []
+    for i, task in enumerate(cfg.tasks):
+        try:
+            reports.append(check_task(i, task, kv, capacity))
+        except ConfigError as e:
+            if task_errors is None:
+                raise
+            task_errors[task.name] = str(e)
+    return reports

@@ -31,6 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from areal_marlaas.adapters import VLLM_LORA_RANKS
 from areal_marlaas.errors import ConfigError
+from areal_marlaas.fault import FaultToleranceConfig
 from areal_marlaas.paths import default_model_path
 from areal_marlaas.rollout.server import MultiLoRAvLLMConfig, RolloutServerConfig
 from areal_marlaas.tasks import KINDS
@@ -106,6 +107,10 @@ class TaskSpec:
     total_steps: int = field(default=10, metadata={"help": "Training steps to run."})
     lr: float = field(default=1e-4, metadata={"help": "AdamW learning rate."})
     seed: int = field(default=1, metadata={"help": "Data order and sampling seed."})
+    reward_timeout_s: float = field(
+        default=0.0,
+        metadata={"help": "Per-call reward timeout; 0 = fault.reward_timeout_s."},
+    )
     priority: int = field(
         default=0, metadata={"help": "Admission priority (higher goes first)."}
     )
@@ -171,6 +176,8 @@ class TaskSpec:
             )
         if not self.lr > 0:
             raise ConfigError(f"{where}: lr must be > 0, got {self.lr}.")
+        if self.reward_timeout_s < 0:
+            raise ConfigError(f"{where}: reward_timeout_s must be >= 0.")
         if self.dataset.size < 0:
             raise ConfigError(f"{where}: dataset.size must be >= 0.")
         if not 1 <= self.dataset.digits <= 9:
@@ -227,6 +234,17 @@ class MARLaaSConfig(GRPOConfig):
         metadata={"help": "The shared multi-LoRA vLLM server (launch or attach)."},
     )
     vllm: MultiLoRAvLLMConfig = field(default_factory=MultiLoRAvLLMConfig)
+    fault: FaultToleranceConfig = field(
+        default_factory=FaultToleranceConfig,
+        metadata={"help": "Server supervision, tenant guards, adapter retention."},
+    )
+    resume: bool = field(
+        default=False,
+        metadata={
+            "help": "Continue every task of the run directory from its last "
+            "committed version (also `marlaas train --resume`)."
+        },
+    )
     cluster: ClusterSpecConfig = field(
         default_factory=lambda: ClusterSpecConfig(fileroot="/tmp/areal-marlaas")
     )

@@ -10,7 +10,10 @@ Layout (``<cluster.fileroot>/<experiment_name>/<trial_name>/``)::
 
 A version is committed when its adapter folder is complete *and* ``state.json``
 names it; both are written via a temporary path and an atomic rename, so a crash
-leaves either the old or the new version, never a half-written one.
+leaves either the old or the new version, never a half-written one. A step's line
+in ``steps.jsonl`` is written just before its commit, so after a crash the logs hold
+at most one step newer than ``state.json``; a resumed store (``fresh=False``) drops
+it, and any half-written last line, so every task's versions stay contiguous.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class RunStore:
         self.steps_path = self.root / "steps.jsonl"
         if fresh:
             self._clear()
+        else:
+            self.reconcile()
 
     def _clear(self) -> None:
         old = [self.events_path, self.steps_path, self.root / "summary.json"]
@@ -58,7 +63,88 @@ class RunStore:
         shutil.rmtree(self.root / "tasks", ignore_errors=True)
 
     def task_dir(self, task: str) -> Path:
-        return self.root / "tasks" / task
+        tasks = self.root / "tasks"
+        path = tasks / task
+        # Task names are validated in the config; this guards every other caller.
+        if not task or path.resolve().parent != tasks.resolve():
+            raise ValueError(f"task name {task!r} escapes the run directory {tasks}")
+        return path
+
+    def tasks(self) -> list[str]:
+        """Tasks with a committed version in this run directory."""
+        root = self.root / "tasks"
+        if not root.is_dir():
+            return []
+        return sorted(p.name for p in root.iterdir() if (p / "state.json").is_file())
+
+    def reconcile(self) -> dict[str, int]:
+        """Make the logs agree with what was committed (after a crash).
+
+        Drops a half-written last line, step records newer than a task's committed
+        version (or repeating one already logged), and phase records of versions
+        never committed. Returns how many lines were dropped per file.
+        """
+        versions = {t: self.committed(t)["version"] for t in self.tasks()}
+        dropped = {}
+        for path, keep in (
+            (self.steps_path, self._keep_step(versions)),
+            (self.events_path, self._keep_event(versions)),
+        ):
+            dropped[path.name] = self._filter_jsonl(path, keep)
+        if any(dropped.values()):
+            logger.warning(f"{self.root}: dropped uncommitted log lines {dropped}")
+        return dropped
+
+    @staticmethod
+    def _keep_step(versions: dict[str, int]):
+        seen: set[tuple[str, int]] = set()
+
+        def keep(r: dict[str, Any]) -> bool:
+            key = (r.get("task"), r.get("version"))
+            if key in seen or r.get("version", 0) > versions.get(r.get("task"), -1):
+                return False
+            seen.add(key)
+            return True
+
+        return keep
+
+    @staticmethod
+    def _keep_event(versions: dict[str, int]):
+        def keep(r: dict[str, Any]) -> bool:
+            if r.get("task") not in versions or "version" not in r:
+                return True
+            # A train/publish of version v produced v + 1 (publish logs v + 1).
+            made = r["version"] + (1 if r.get("phase") == "train" else 0)
+            return made <= versions[r["task"]] or r.get("phase") in ("rollout", "queue")
+
+        return keep
+
+    def _filter_jsonl(self, path: Path, keep) -> int:
+        if not path.is_file():
+            return 0
+        text = path.read_text()
+        lines = text.split("\n")
+        out, dropped = [], 0
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                # Only the last line can be half-written; anything else is damage.
+                if i < len(lines) - 1 and any(x.strip() for x in lines[i + 1 :]):
+                    raise ValueError(f"{path}:{i + 1} is not JSON") from None
+                dropped += 1
+                continue
+            if keep(record):
+                out.append(line)
+            else:
+                dropped += 1
+        if dropped or (text and not text.endswith("\n")):
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text("".join(f"{line}\n" for line in out))
+            os.replace(tmp, path)
+        return dropped
 
     def adapter_dir(self, task: str, version: int) -> Path:
         return self.task_dir(task) / "adapters" / f"v{version}"
@@ -78,6 +164,20 @@ class RunStore:
     def committed(self, task: str) -> dict[str, Any] | None:
         path = self.task_dir(task) / "state.json"
         return json.loads(path.read_text()) if path.is_file() else None
+
+    def retain_adapters(self, task: str, keep_last: int, served: int) -> None:
+        """Keep the newest ``keep_last`` committed versions (0 = all), the served
+        version and anything newer than the commit (being written/published)."""
+        if keep_last <= 0:
+            return
+        state = self.committed(task)
+        if state is None:
+            return
+        newest = state["version"]
+        root = self.task_dir(task) / "adapters"
+        versions = {int(d.name[1:]) for d in root.glob("v*") if d.name[1:].isdigit()}
+        keep = {v for v in versions if v > newest - keep_last or v == served}
+        self.prune_adapters(task, keep)
 
     def prune_adapters(self, task: str, keep: set[int]) -> None:
         """Delete adapter folders of versions not in ``keep``."""

@@ -8,6 +8,7 @@ AReaL, and the plugin needs none of its pause/NCCL routes for disk LoRA updates.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -23,6 +24,7 @@ from areal.api.cli_args import get_py_cmd, vLLMConfig
 from areal.utils import logging
 
 from areal_marlaas.paths import vllm_python
+from areal_marlaas.rollout import reaper
 
 logger = logging.getLogger("MARLaaSServer")
 
@@ -241,6 +243,12 @@ def build_server_command(
     return server_argv(args, server, platform), server_env(server, platform)
 
 
+def with_reaper(argv: list[str]) -> list[str]:
+    """Run ``argv`` under the reaper (with the same python), so the server and its
+    engine-core workers die with the process that launched them, even on SIGKILL."""
+    return [argv[0], str(Path(reaper.__file__).resolve()), *argv]
+
+
 def is_healthy(address: str, timeout: float = 5.0) -> bool:
     try:
         return requests.get(f"http://{address}/health", timeout=timeout).ok
@@ -267,16 +275,17 @@ class VLLMServer:
         self.process: subprocess.Popen | None = None
         self.startup_s: float | None = None
 
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        return build_server_command(self.model, self.vllm_cfg, self.server, self.port)
+
     def start(self) -> str:
-        argv, env = build_server_command(
-            self.model, self.vllm_cfg, self.server, self.port
-        )
+        argv, env = self.command()
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         logger.info(f"Starting vLLM server on {self.address} (log: {self.log_file})")
         t0 = time.monotonic()
         with open(self.log_file, "ab") as log:
             self.process = subprocess.Popen(
-                argv,
+                with_reaper(argv),
                 env={**clean_environ(), **env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -324,6 +333,9 @@ class VLLMServer:
                 os.killpg(pgid, sig)
             except ProcessLookupError:
                 break
+            # A hung (stopped) server only acts on SIGTERM once continued.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGCONT)
             try:
                 self.process.wait(timeout)
                 break

@@ -12,9 +12,11 @@ from areal.api.io_struct import LocalInfServerInfo
 from areal.utils import logging
 
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
+from areal_marlaas.fault import FaultToleranceConfig
 from areal_marlaas.rollout.controller import MultiTaskRolloutController
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.rollout.server import VLLMServer
+from areal_marlaas.rollout.supervisor import ServerSupervisor, SupervisedRollout
 
 logger = logging.getLogger("MARLaaSRolloutSession")
 
@@ -30,15 +32,21 @@ def task_gconfig(task: TaskSpec) -> GenerationHyperparameters:
     )
 
 
-def task_workflow(task: TaskSpec, tokenizer_path: str) -> tuple[str, dict]:
+def task_workflow(
+    task: TaskSpec, tokenizer_path: str, fault: FaultToleranceConfig | None = None
+) -> tuple[str, dict]:
     """Import path + kwargs of the task's workflow (import strings cross AReaL's RPC
-    boundary; instances would not)."""
+    boundary; instances would not). With ``fault``, the built-in workflow runs the
+    reward isolated, with the task's reward timeout."""
     kwargs = {
         "task": task.name,
         "reward_fn": task.reward_fn_path,
         "gconfig": task_gconfig(task),
         "tokenizer": tokenizer_path,
     }
+    if fault is not None and not task.workflow:
+        kwargs["reward_timeout_s"] = task.reward_timeout_s or fault.reward_timeout_s
+        kwargs["reward_workers"] = fault.reward_workers
     return task.workflow or WORKFLOW, kwargs
 
 
@@ -51,6 +59,7 @@ class RolloutSession:
         self.server: VLLMServer | None = None
         self.engine: MultiLoRAvLLMEngine | None = None
         self.server_start_s: float | None = None
+        self.supervisor: ServerSupervisor | None = None
 
     def start(self, scheduler=None) -> MultiLoRAvLLMEngine | MultiTaskRolloutController:
         """Connect an in-process engine, or, given an AReaL scheduler, a controller
@@ -83,7 +92,22 @@ class RolloutSession:
         logger.info(f"rollout connected to {addresses} in {time.monotonic() - t0:.1f}s")
         return self.engine
 
+    def supervise(self, backend, on_restart=None):
+        """``backend`` behind a supervisor of the launched server (restart on
+        death/hang, adapters reloaded); attached servers are returned as is."""
+        if self.server is None or not self.cfg.fault.supervise_server:
+            return backend
+        self.supervisor = ServerSupervisor(
+            self.server, self.cfg.fault, on_restart=on_restart
+        )
+        wrapped = SupervisedRollout(backend, self.supervisor)
+        self.supervisor.start()
+        return wrapped
+
     def stop(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
         if self.engine is not None:
             self.engine.destroy()
             self.engine = None

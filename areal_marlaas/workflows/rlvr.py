@@ -7,10 +7,21 @@ from typing import Any
 from areal import workflow_context
 from areal.api.cli_args import GenerationHyperparameters
 from areal.utils import logging, stats_tracker
+from areal.utils.dynamic_import import import_from_string
 from areal.workflow.rlvr import RLVRWorkflow
 from transformers import PreTrainedTokenizerFast
 
+from areal_marlaas.workflows.reward import IsolatedReward
+
 logger = logging.getLogger("MARLaaSWorkflow")
+
+# The last error of an episode per task (this process), so a rollout whose
+# episodes all failed can say why (AReaL's executor logs it and returns None).
+_LAST_ERROR: dict[str, str] = {}
+
+
+def last_episode_error(task: str) -> str:
+    return _LAST_ERROR.get(task, "")
 
 
 def generated_versions(traj: dict[str, Any]) -> set[int]:
@@ -34,6 +45,8 @@ class MultiTaskRLVRWorkflow(RLVRWorkflow):
         gconfig: GenerationHyperparameters,
         tokenizer: PreTrainedTokenizerFast | str,
         enable_thinking: bool = False,
+        reward_timeout_s: float | None = None,
+        reward_workers: int = 2,
         **kwargs: Any,
     ):
         super().__init__(
@@ -44,9 +57,25 @@ class MultiTaskRLVRWorkflow(RLVRWorkflow):
             **kwargs,
         )
         self.task = task
+        if reward_timeout_s is not None:
+            # Per-task isolated pool with a hard timeout instead of AReaL's shared
+            # pool (which scores a timeout as 0 and leaves the call running).
+            fn = (
+                import_from_string(reward_fn)
+                if isinstance(reward_fn, str)
+                else reward_fn
+            )
+            self.reward_fn = fn
+            self.async_reward_fn = IsolatedReward(
+                task, fn, reward_timeout_s, reward_workers
+            )
 
     async def arun_episode(self, engine, data: dict[str, Any]) -> dict[str, Any] | None:
-        traj = await super().arun_episode(engine, data)
+        try:
+            traj = await super().arun_episode(engine, data)
+        except Exception as e:
+            _LAST_ERROR[self.task] = f"{type(e).__name__}: {e}"
+            raise
         versions = generated_versions(traj)
         if len(versions) != 1:
             # The engine pins one version per request; several means a bug upstream.

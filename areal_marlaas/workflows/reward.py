@@ -1,0 +1,97 @@
+"""A tenant's reward function, isolated from the trainer and from other tenants.
+
+AReaL's ``AsyncRewardWrapper`` runs rewards in one process pool shared by every
+workflow, and on a timeout it returns 0 while the stuck call keeps its worker
+busy: one tenant's hanging reward would slowly take the pool from everyone, and
+be scored as a wrong answer. Here each task gets its own small pool; a call past
+the task's timeout has its pool's processes killed and raises, as does a reward
+that raises or returns a non-number. The episode then fails, and a batch with no
+good episode fails the task's rollout, which the scheduler retries or fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from functools import partial
+
+from areal.utils import logging
+
+logger = logging.getLogger("MARLaaSReward")
+
+
+class RewardError(RuntimeError):
+    """A reward call raised, returned a non-number, or its worker died."""
+
+
+class RewardTimeoutError(RewardError):
+    """A reward call ran past the task's reward_timeout_s."""
+
+
+class IsolatedReward:
+    _pools: dict[str, ProcessPoolExecutor] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, task: str, fn: Callable, timeout_s: float, workers: int = 2):
+        self.task = task
+        self.fn = fn
+        self.timeout_s = timeout_s
+        self.workers = workers
+
+    def _pool(self) -> ProcessPoolExecutor:
+        with self._lock:
+            pool = self._pools.get(self.task)
+            if pool is None:
+                pool = ProcessPoolExecutor(max_workers=self.workers)
+                self._pools[self.task] = pool
+            return pool
+
+    @classmethod
+    def _discard(cls, task: str, pool: ProcessPoolExecutor) -> None:
+        """Kill ``pool``'s workers (a hung call never returns on its own)."""
+        with cls._lock:
+            if cls._pools.get(task) is pool:
+                del cls._pools[task]
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    @classmethod
+    def shutdown_all(cls) -> None:
+        with cls._lock:
+            pools = list(cls._pools.items())
+        for task, pool in pools:
+            cls._discard(task, pool)
+
+    async def __call__(self, *args, **kwargs) -> float:
+        pool = self._pool()
+        call = partial(self.fn, *args, **kwargs)
+        try:
+            future = asyncio.get_running_loop().run_in_executor(pool, call)
+            value = await asyncio.wait_for(future, timeout=self.timeout_s)
+        except TimeoutError:
+            self._discard(self.task, pool)
+            raise RewardTimeoutError(
+                f"task {self.task!r}: reward_fn did not return within "
+                f"{self.timeout_s:g}s (reward_timeout_s); its worker was killed"
+            ) from None
+        except BrokenProcessPool as e:
+            self._discard(self.task, pool)
+            raise RewardError(f"task {self.task!r}: reward worker died ({e})") from e
+        except Exception as e:
+            raise RewardError(
+                f"task {self.task!r}: reward_fn raised {type(e).__name__}: {e}"
+            ) from e
+        try:
+            reward = float(value)
+        except (TypeError, ValueError):
+            raise RewardError(
+                f"task {self.task!r}: reward_fn returned {value!r}, not a number"
+            ) from None
+        if not math.isfinite(reward):
+            raise RewardError(f"task {self.task!r}: reward_fn returned {reward}")
+        return reward
