@@ -367,7 +367,25 @@ def _load_tasks(path: Path) -> ListConfig:
         raise ConfigError(
             f"tasks_file: {path} must hold a `tasks:` list (or be a list of tasks)."
         )
+    _check_task_fields(tasks, str(path))
     return tasks
+
+
+def _check_task_fields(tasks: ListConfig, where: str) -> None:
+    """Unknown keys and wrong types, reported with the task and the field (the
+    whole-config conversion only names the field)."""
+    schema = OmegaConf.structured(TaskSpec)
+    for i, task in enumerate(tasks):
+        name = task.get("name", "?") if isinstance(task, DictConfig) else "?"
+        if not isinstance(task, DictConfig):
+            raise ConfigError(f"{where}: tasks.{i} must be a mapping, got {task!r}.")
+        try:
+            OmegaConf.merge(schema, task)
+        except OmegaConfBaseException as e:
+            key = getattr(e, "full_key", None) or "?"
+            raise ConfigError(
+                f"{where}: tasks.{i} ({name!r}) field {key}: {str(e).splitlines()[0]}"
+            ) from e
 
 
 def _compose_yaml(config_file: Path) -> DictConfig:
@@ -417,7 +435,12 @@ def parse_args(argv: list[str]) -> tuple[Path, str | None, list[str]]:
     parser.add_argument(
         "--tasks", default=None, help="Tasks YAML (overrides tasks_file)"
     )
+    parser.add_argument(
+        "--resume", action="store_true", help="Same as the override resume=true"
+    )
     args, overrides = parser.parse_known_args(argv)
+    if args.resume:
+        overrides.append("resume=true")
     unknown = [o for o in overrides if o.startswith("--")]
     if unknown:
         raise ConfigError(
@@ -447,6 +470,8 @@ def load_config(argv: list[str]) -> tuple[MARLaaSConfig, Path]:
         with open_dict(raw):
             raw.tasks = _load_tasks(path)
             raw.tasks_file = str(path)
+    elif isinstance(raw.get("tasks"), ListConfig):
+        _check_task_fields(raw.tasks, str(config_file))
     try:
         # Overrides go onto the typed config, so every field (defaults included)
         # takes `key=value`, and a misspelt key is rejected by the schema.
