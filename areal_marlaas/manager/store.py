@@ -101,7 +101,9 @@ class RunStore:
 
         def keep(r: dict[str, Any]) -> bool:
             key = (r.get("task"), r.get("version"))
-            if key in seen or r.get("version", 0) > versions.get(r.get("task"), -1):
+            # Tasks with no state.json here are left alone (nothing to compare).
+            newer = r.get("task") in versions and r.get("version", 0) > versions[key[0]]
+            if key in seen or newer:
                 return False
             seen.add(key)
             return True
@@ -202,6 +204,10 @@ class RunStore:
                 "end": end,
             },
         )
+
+    def record(self, record: dict[str, Any]) -> None:
+        """A non-interval record in events.jsonl (admission, task status)."""
+        self._append(self.events_path, record)
 
     def step(self, record: dict[str, Any]) -> None:
         self._append(self.steps_path, record)

@@ -34,3 +34,8 @@ class MultiTaskActorController(PPOActorController):
     def release_batch(self, batch: list[dict[str, Any]]) -> None:
         """Free the batch's tensors on the rollout workers."""
         self.clear_batches(*batch)
+
+    def save_task_state(self, name: str, path: str) -> str:
+        return self._custom_function_call(
+            "save_task_state", name, path, rpc_meta={"broadcast": True}
+        )

@@ -20,13 +20,18 @@ from areal.utils.hf_utils import load_hf_tokenizer
 from areal.utils.network import find_free_ports
 from areal.utils.stats_logger import StatsLogger
 
+from areal_marlaas.admission import KVModel, task_kv_bytes
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
+from areal_marlaas.fault import FaultToleranceConfig
 from areal_marlaas.manager.data import TaskData
 from areal_marlaas.manager.store import RunStore
+from areal_marlaas.placement import parse_cpus, pin_current_process
+from areal_marlaas.rollout.metrics import capacity_tokens, scrape
 from areal_marlaas.rollout.session import RolloutSession, task_workflow
 from areal_marlaas.scheduler.runtime import Runtime, TaskRun
 from areal_marlaas.tasks import load_task_rows
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
+from areal_marlaas.workflows.reward import IsolatedReward
 
 logger = logging.getLogger("MARLaaSTrainer")
 
@@ -44,9 +49,26 @@ def single_rank_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(find_free_ports(1)[0]))
 
 
-def add_tenant(engine, spec: TaskSpec, store: RunStore, tokenizer, tokenizer_path: str):
+def add_tenant(
+    engine,
+    spec: TaskSpec,
+    store: RunStore,
+    tokenizer,
+    tokenizer_path: str,
+    kv: KVModel | None = None,
+    resume: bool = False,
+    fault: FaultToleranceConfig | None = None,
+):
     """Give ``spec`` its state on the trainer, commit its v0 adapter, and return
-    what the runtime needs to run it (``engine``: the FSDP actor or its handle)."""
+    what the runtime needs to run it (``engine``: the FSDP actor or its handle).
+
+    With ``resume``, a task the run directory already committed continues from
+    its last committed version: adapter, optimizer/LR/RNG state (its
+    ``optimizer.pt``) and data cursor. The dataset is read first, so a task whose
+    data is broken fails before it takes anything on the trainer."""
+    rows = load_task_rows(spec)
+    state = store.committed(spec.name) if resume else None
+    version = state["version"] if state else 0
     engine.add_task(
         spec.name,
         lr=spec.lr,
@@ -54,11 +76,39 @@ def add_tenant(engine, spec: TaskSpec, store: RunStore, tokenizer, tokenizer_pat
         n_samples=spec.n_samples,
         seed=spec.seed,
         temperature=spec.temperature,
+        **(
+            {
+                "init_adapter": str(store.adapter_dir(spec.name, version)),
+                "version": version,
+            }
+            if state
+            else {}
+        ),
     )
-    engine.save_adapter(spec.name, str(store.adapter_dir(spec.name, 0)))
-    store.commit(spec.name, 0, {"cursor": 0, "steps": 0})
-    workflow, kwargs = task_workflow(spec, tokenizer_path)
-    data = TaskData(load_task_rows(spec), spec.seed, tokenizer, spec.max_prompt_tokens)
+    if state:
+        logger.info(
+            f"task {spec.name}: resuming at v{version} (cursor {state['cursor']})"
+        )
+    else:
+        engine.save_adapter(spec.name, str(store.adapter_dir(spec.name, 0)))
+        store.commit(spec.name, 0, {"cursor": 0, "steps": 0})
+    workflow, kwargs = task_workflow(spec, tokenizer_path, fault)
+    data = TaskData(
+        rows,
+        spec.seed,
+        tokenizer,
+        spec.max_prompt_tokens,
+        cursor=state["cursor"] if state else 0,
+    )
+    kv_bytes = 0
+    if kv is not None:
+        kv_bytes = task_kv_bytes(
+            kv,
+            spec.max_prompt_tokens,
+            spec.max_new_tokens,
+            spec.batch_size,
+            spec.n_samples,
+        )
     return TaskRun(
         name=spec.name,
         total_steps=spec.total_steps,
@@ -67,13 +117,56 @@ def add_tenant(engine, spec: TaskSpec, store: RunStore, tokenizer, tokenizer_pat
         data=data,
         workflow=workflow,
         workflow_kwargs=kwargs,
+        kv_bytes=kv_bytes,
+        priority=spec.priority,
+        start_version=version,
     )
 
 
+def server_kv_capacity(cfg: MARLaaSConfig, kv: KVModel, address: str) -> int | None:
+    """KV-cache bytes the server holds: from its own report (cache_config_info),
+    else what the config gives a launched CPU server; None when unknown."""
+    from areal_marlaas.check import kv_capacity_bytes
+
+    try:
+        tokens = capacity_tokens(scrape(address))
+    except Exception as e:  # an attached server without /metrics
+        logger.warning(f"cannot read the KV capacity of {address}: {e}")
+        tokens = None
+    if tokens:
+        return tokens * kv.bytes_per_token
+    return kv_capacity_bytes(cfg)
+
+
+def kv_budget(cfg: MARLaaSConfig, capacity: int | None) -> int | None:
+    sched = cfg.scheduler
+    if sched.kv_budget_bytes:
+        return sched.kv_budget_bytes
+    if capacity is None:
+        return None
+    return int(capacity * sched.kv_budget_fraction)
+
+
+def kv_probe(address: str, capacity: int):
+    """Bytes of KV the server reports in use (None when it cannot be read)."""
+
+    def probe() -> int | None:
+        try:
+            return int(scrape(address, timeout=2).kv_cache_usage * capacity)
+        except Exception:
+            return None
+
+    return probe
+
+
 class MultiTaskTrainer:
-    def __init__(self, cfg: MARLaaSConfig):
+    def __init__(self, cfg: MARLaaSConfig, task_errors: dict[str, str] | None = None):
+        """``task_errors``: tasks that already failed their checks (they are
+        reported failed; the others run)."""
         self.cfg = cfg
-        self.store = RunStore(run_dir(cfg))
+        self.store = RunStore(run_dir(cfg), fresh=not cfg.resume)
+        self.failed_at_start: dict[str, str] = dict(task_errors or {})
+        self.restarts: list[dict[str, Any]] = []
         self.engine = None  # the FSDP actor, or its single-controller handle
         self.scheduler = None
         self.session: RolloutSession | None = None
@@ -121,33 +214,123 @@ class MultiTaskTrainer:
         return engine
 
     def _prepare_tasks(self, engine) -> list[TaskRun]:
+        from areal_marlaas.check import kv_model
+
         tokenizer = load_hf_tokenizer(self.cfg.tokenizer_path)
-        return [
-            add_tenant(engine, spec, self.store, tokenizer, self.cfg.tokenizer_path)
-            for spec in self.cfg.tasks
-        ]
+        self.kv = kv_model(self.cfg)
+        tasks = []
+        for spec in self.cfg.tasks:
+            if spec.name in self.failed_at_start:
+                self._fail_at_start(spec.name, self.failed_at_start[spec.name])
+                continue
+            try:
+                tasks.append(
+                    add_tenant(
+                        engine,
+                        spec,
+                        self.store,
+                        tokenizer,
+                        self.cfg.tokenizer_path,
+                        self.kv,
+                        resume=self.cfg.resume,
+                        fault=self.cfg.fault,
+                    )
+                )
+            except Exception as e:  # one tenant's broken data never stops the run
+                self._fail_at_start(spec.name, f"{type(e).__name__}: {e}")
+        return tasks
+
+    def _fail_at_start(self, task: str, reason: str) -> None:
+        logger.error(f"task {task} failed at start: {reason}")
+        self.failed_at_start[task] = reason
+        self.store.record(
+            {"task": task, "status": "failed", "reason": reason, "t": time.time()}
+        )
+
+    def _on_restart(self, r) -> None:
+        """A rollout-server fault, in events.jsonl and the summary."""
+        record = {
+            "fault": "server_restart",
+            "reason": r.reason,
+            "ok": r.ok,
+            "error": r.error,
+            "detect_s": r.detect_s,
+            "restart_s": r.restart_s,
+            "reload_s": r.reload_s,
+            "adapters": r.adapters,
+            "t": r.detected_at,
+        }
+        self.restarts.append(record)
+        self.store.record(record)
+
+    def _pin_trainer(self) -> None:
+        """Disaggregated placement on CPU: the in-process trainer on its cores."""
+        import torch
+
+        cpus = parse_cpus(self.cfg.scheduler.trainer_cpus, "scheduler.trainer_cpus")
+        if not cpus:
+            return
+        if self.scheduler is not None:
+            logger.warning(
+                "scheduler.trainer_cpus pins only in-process engines "
+                "(scheduler.type=null); use the scheduler's placement for workers"
+            )
+            return
+        used = pin_current_process(cpus)
+        torch.set_num_threads(len(used))
+        logger.info(f"trainer pinned to cores {sorted(used)}")
+
+    def _admission(self) -> dict[str, Any]:
+        """Runtime arguments for the mode and KV-aware admission."""
+        sched = self.cfg.scheduler
+        address = self.session.addresses[0] if self.session.addresses else None
+        capacity = server_kv_capacity(self.cfg, self.kv, address) if address else None
+        budget = kv_budget(self.cfg, capacity)
+        probe = None
+        if sched.kv_live and address and capacity:
+            probe = kv_probe(address, capacity)
+        self.timings["kv_capacity_bytes"] = capacity or 0
+        logger.info(
+            f"mode={sched.mode} kv capacity={capacity} budget={budget} "
+            f"max_rolling={sched.max_rolling} live={probe is not None}"
+        )
+        return dict(
+            mode=sched.mode,
+            kv_budget=budget,
+            max_rolling=sched.max_rolling,
+            task_retries=sched.task_retries,
+            kv_probe=probe,
+            kv_poll_interval_s=sched.kv_poll_interval_s,
+        )
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.monotonic()
         try:
             self.scheduler = self._init_scheduler()
+            self._pin_trainer()
             self.engine = engine = self._build_trainer()
             tasks = self._prepare_tasks(engine)
             self.session = RolloutSession(cfg, self.store.root)
             rollout = self.session.start(self.scheduler)
+            rollout = self.session.supervise(rollout, on_restart=self._on_restart)
             self.timings["server_start_s"] = self.session.server_start_s or 0.0
             for t in tasks:
-                rollout.register_task(t.name, 0, self.store.adapter_dir(t.name, 0))
+                rollout.register_task(
+                    t.name,
+                    t.start_version,
+                    self.store.adapter_dir(t.name, t.start_version),
+                )
             self.timings["setup_s"] = time.monotonic() - t0
             runtime = Runtime(
                 tasks,
                 rollout,
                 engine,
                 self.store,
-                mode="async",
                 rollout_timeout=cfg.rollout.request_timeout,
                 on_step=self._progress,
+                keep_adapters=cfg.fault.keep_adapters,
+                **self._admission(),
             )
             self._t_run = time.time()
             self._n_commits = 0
@@ -158,6 +341,15 @@ class MultiTaskTrainer:
             self.stats_logger.close()
         finally:
             self.close()
+        for name, reason in self.failed_at_start.items():
+            summary["tasks"][name] = {
+                "steps": 0,
+                "final_version": None,
+                "status": "failed",
+                "error": reason,
+            }
+        summary["server_restarts"] = self.restarts
+        summary["resumed"] = self.cfg.resume
         summary["run_dir"] = str(self.store.root)
         summary["timings"] = self.timings
         self.store.write_summary(summary)
@@ -181,6 +373,7 @@ class MultiTaskTrainer:
         )
 
     def close(self) -> None:
+        IsolatedReward.shutdown_all()
         if self.session is not None:
             self.session.stop()
             self.session = None
@@ -198,11 +391,16 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = ["  ".join(f"{c:>12}" for c in cols)]
     for name, t in summary["tasks"].items():
         vals = [name, t["status"], t["steps"], t["final_version"]]
-        vals += [t["reward_first"], t["reward_last"], t["ttfs_s"], t["tpts_p50_s"]]
+        vals += [t.get(k) for k in ("reward_first", "reward_last")]
+        vals += [t.get(k) for k in ("ttfs_s", "tpts_p50_s")]
         lines.append("  ".join(f"{_fmt(v):>12}" for v in vals))
+    for name, t in summary["tasks"].items():
+        if t["status"] != "done" and t.get("error"):
+            lines.append(f"{name} {t['status']}: {t['error']}")
     lines.append(
         f"mode={summary['mode']} wall={summary['wall_s']:.1f}s "
-        f"train_steps/h={summary['train_steps_per_hour']:.1f}"
+        f"train_steps/h={summary['train_steps_per_hour']:.1f} "
+        f"admission_holds={summary.get('admission_holds', 0)}"
     )
     lines.append(f"run dir: {summary['run_dir']}")
     return "\n".join(lines)
@@ -221,8 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     from areal_marlaas.config import load_config
 
     cfg, _ = load_config(list(sys.argv[1:] if argv is None else argv))
-    check_config(cfg)
-    summary = MultiTaskTrainer(cfg).run()
+    task_errors: dict[str, str] = {}  # a task that fails its checks fails alone
+    check_config(cfg, task_errors)
+    summary = MultiTaskTrainer(cfg, task_errors).run()
     print(format_summary(summary), flush=True)
     failed = [n for n, t in summary["tasks"].items() if t["status"] != "done"]
     return 1 if failed else 0
