@@ -13,7 +13,9 @@ from areal_marlaas.rollout.reaper import group_members
 
 from .test_fault import alive, wait_for
 
-pytestmark = pytest.mark.vllm
+# ~90 s on 2 CPU cores (a server of its own); tests/test_fault.py has the same
+# check with a stand-in server in the default suite.
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 LAUNCH = textwrap.dedent(
     """

@@ -1,0 +1,192 @@
+"""Faults in real runs: a SIGKILLed trainer resumes, a tenant whose reward raises
+(or whose dataset is missing) fails alone, a killed vLLM server is restarted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from areal_marlaas.config import load_config
+from areal_marlaas.manager.store import RunStore, read_jsonl
+from areal_marlaas.rollout.reaper import group_members
+from areal_marlaas.train.trainer import MultiTaskTrainer
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.vllm
+
+CONFIG = str(REPO / "configs" / "quickstart.yaml")
+
+
+def tiny_tasks(n: int, steps: int) -> list[str]:
+    out = []
+    for i in range(n):
+        out += [f"tasks.{i}.total_steps={steps}", f"tasks.{i}.batch_size=2"]
+        out += [f"tasks.{i}.n_samples=2", f"tasks.{i}.max_new_tokens=16"]
+    return out
+
+
+def write_two_tasks(path) -> None:
+    path.write_text(
+        "tasks:\n"
+        "  - {name: add2, kind: addition, dataset: {digits: 2}, seed: 1}\n"
+        "  - {name: mul1, kind: multiplication, dataset: {digits: 1}, seed: 2}\n"
+    )
+
+
+def digests(store: RunStore) -> dict[str, str]:
+    """sha256 of every file of every committed adapter version."""
+    out = {}
+    for task in store.tasks():
+        newest = store.committed(task)["version"]
+        for v in range(newest + 1):
+            for f in sorted(store.adapter_dir(task, v).iterdir()):
+                out[f"{task}/v{v}/{f.name}"] = hashlib.sha256(
+                    f.read_bytes()
+                ).hexdigest()
+    return out
+
+
+def versions_by_task(run) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for s in read_jsonl(run / "steps.jsonl"):
+        out.setdefault(s["task"], []).append(s["version"])
+    return out
+
+
+def test_sigkilled_trainer_resumes_with_contiguous_versions(tmp_path, vllm_server):
+    tasks = tmp_path / "tasks.yaml"
+    write_two_tasks(tasks)
+    argv = [sys.executable, "-m", "areal_marlaas.cli", "train", "--config", CONFIG]
+    argv += ["--tasks", str(tasks), f"cluster.fileroot={tmp_path}", "trial_name=kill"]
+    argv += ["scheduler.type=null", f'server.addresses=["{vllm_server.address}"]']
+    argv += tiny_tasks(2, 4)
+    run = tmp_path / "marlaas-quickstart" / "kill"
+    log = open(tmp_path / "first.log", "w")
+    first = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def committed() -> int:
+        states = [run / "tasks" / t / "state.json" for t in ("add2", "mul1")]
+        return max(
+            (json.loads(p.read_text())["version"] for p in states if p.is_file()),
+            default=0,
+        )
+
+    deadline = time.monotonic() + 600
+    while committed() < 2 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    before = digests(RunStore(run, fresh=False))
+    done_before = {t: v for t, v in versions_by_task(run).items()}
+    assert max(len(v) for v in done_before.values()) >= 2
+
+    second = subprocess.run(
+        [*argv, "--resume"], capture_output=True, text=True, timeout=900
+    )
+
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert versions_by_task(run) == {"add2": [1, 2, 3, 4], "mul1": [1, 2, 3, 4]}
+    after = digests(RunStore(run, fresh=False))
+    assert {k: after[k] for k in before} == before  # committed files untouched
+    assert any(k.endswith("optimizer.pt") for k in before)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed"] is True
+    for t in ("add2", "mul1"):
+        assert summary["tasks"][t]["status"] == "done"
+        assert summary["tasks"][t]["final_version"] == 4
+    print(f"killed after commits {done_before}; resumed to 4/4 for both tasks")
+
+
+def test_raising_reward_and_missing_dataset_fail_alone(tmp_path, vllm_server):
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text(
+        "tasks:\n"
+        "  - {name: add2, kind: addition}\n"
+        "  - {name: mul1, kind: multiplication,\n"
+        "     reward_fn: tests.test_fault.raising_reward}\n"
+        "  - {name: add1, kind: addition, dataset: {digits: 1}}\n"
+        "  - {name: gsm, kind: gsm8k, dataset: {path: /nonexistent.jsonl}}\n"
+    )
+    overrides = ["--config", CONFIG, "--tasks", str(tasks)]
+    overrides += [f"cluster.fileroot={tmp_path}", "trial_name=iso"]
+    overrides += ["scheduler.type=null", f'server.addresses=["{vllm_server.address}"]']
+    overrides += tiny_tasks(4, 1) + ["scheduler.task_retries=1"]
+    cfg, _ = load_config(overrides)
+
+    summary = MultiTaskTrainer(cfg).run()
+
+    tasks = summary["tasks"]
+    assert tasks["add2"]["status"] == tasks["add1"]["status"] == "done"
+    assert tasks["add2"]["final_version"] == tasks["add1"]["final_version"] == 1
+    assert tasks["mul1"]["status"] == "failed"
+    assert "reward_fn raised ValueError: tenant bug" in tasks["mul1"]["error"]
+    assert "(failed 2x at v0)" in tasks["mul1"]["error"]  # retried once
+    assert tasks["gsm"]["status"] == "failed"
+    assert "not found" in tasks["gsm"]["error"]
+    run = tmp_path / "marlaas-quickstart" / "iso"
+    failed = {
+        e["task"]: e["reason"]
+        for e in read_jsonl(run / "events.jsonl")
+        if e.get("status") == "failed"
+    }
+    assert set(failed) == {"mul1", "gsm"}
+    saved = json.loads((run / "summary.json").read_text())
+    assert saved["tasks"]["mul1"]["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_vllm_server_killed_mid_rollout_is_restarted_and_run_completes(tmp_path):
+    tasks = tmp_path / "tasks.yaml"
+    write_two_tasks(tasks)
+    overrides = ["--config", CONFIG, "--tasks", str(tasks)]
+    overrides += [f"cluster.fileroot={tmp_path}", "trial_name=srv"]
+    overrides += ["scheduler.type=null", "server.cpu_kvcache_space_gib=1"]
+    overrides += tiny_tasks(2, 2) + ["scheduler.task_retries=2"]
+    overrides += ["fault.health_interval_s=1", "fault.health_timeout_s=2"]
+    overrides += ["fault.health_failures=2"]
+    cfg, _ = load_config(overrides)
+    trainer = MultiTaskTrainer(cfg)
+    killed: dict[str, float] = {}
+
+    def kill_during_a_rollout() -> None:
+        while "t" not in killed:
+            session = trainer.session
+            engine = session.engine if session else None
+            if engine is not None and session.supervisor is not None:
+                inflight = [r for r in engine.adapters.records if r.end is None]
+                if inflight and len(engine.adapters.records) > 8:
+                    pgid = session.server.process.pid
+                    for pid in group_members(pgid):
+                        if pid != pgid:
+                            os.kill(pid, signal.SIGKILL)
+                    killed["t"] = time.time()
+                    return
+            time.sleep(0.05)
+
+    threading.Thread(target=kill_during_a_rollout, daemon=True).start()
+    summary = trainer.run()
+
+    assert "t" in killed
+    for t in ("add2", "mul1"):
+        assert summary["tasks"][t]["status"] == "done", summary["tasks"][t]
+        assert summary["tasks"][t]["final_version"] == 2
+    assert versions_by_task(tmp_path / "marlaas-quickstart" / "srv") == {
+        "add2": [1, 2],
+        "mul1": [1, 2],
+    }
+    (r,) = summary["server_restarts"]
+    assert r["ok"] and "exited" in r["reason"] and r["adapters"] == 2
+    print(
+        f"server killed; detected in {r['t'] - killed['t']:.1f}s, restarted in "
+        f"{r['restart_s']:.1f}s, adapters reloaded in {r['reload_s']:.2f}s"
+    )
