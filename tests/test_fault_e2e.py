@@ -108,6 +108,8 @@ def test_sigkilled_trainer_resumes_with_contiguous_versions(tmp_path, vllm_serve
 
 
 def test_raising_reward_and_missing_dataset_fail_alone(tmp_path, vllm_server):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": \n')
     tasks = tmp_path / "tasks.yaml"
     tasks.write_text(
         "tasks:\n"
@@ -116,11 +118,12 @@ def test_raising_reward_and_missing_dataset_fail_alone(tmp_path, vllm_server):
         "     reward_fn: tests.test_fault.raising_reward}\n"
         "  - {name: add1, kind: addition, dataset: {digits: 1}}\n"
         "  - {name: gsm, kind: gsm8k, dataset: {path: /nonexistent.jsonl}}\n"
+        f"  - {{name: gsm_bad, kind: gsm8k, dataset: {{path: {bad}}}}}\n"
     )
     overrides = ["--config", CONFIG, "--tasks", str(tasks)]
     overrides += [f"cluster.fileroot={tmp_path}", "trial_name=iso"]
     overrides += ["scheduler.type=null", f'server.addresses=["{vllm_server.address}"]']
-    overrides += tiny_tasks(4, 1) + ["scheduler.task_retries=1"]
+    overrides += tiny_tasks(5, 1) + ["scheduler.task_retries=1"]
     cfg, _ = load_config(overrides)
 
     summary = MultiTaskTrainer(cfg).run()
@@ -133,13 +136,14 @@ def test_raising_reward_and_missing_dataset_fail_alone(tmp_path, vllm_server):
     assert "(failed 2x at v0)" in tasks["mul1"]["error"]  # retried once
     assert tasks["gsm"]["status"] == "failed"
     assert "not found" in tasks["gsm"]["error"]
+    assert "bad.jsonl:2: not valid JSON" in tasks["gsm_bad"]["error"]
     run = tmp_path / "marlaas-quickstart" / "iso"
     failed = {
         e["task"]: e["reason"]
         for e in read_jsonl(run / "events.jsonl")
         if e.get("status") == "failed"
     }
-    assert set(failed) == {"mul1", "gsm"}
+    assert set(failed) == {"mul1", "gsm", "gsm_bad"}
     saved = json.loads((run / "summary.json").read_text())
     assert saved["tasks"]["mul1"]["status"] == "failed"
 

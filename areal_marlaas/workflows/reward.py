@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -20,6 +21,8 @@ from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 
 from areal.utils import logging
+
+from areal_marlaas.rollout.reaper import set_pdeathsig
 
 logger = logging.getLogger("MARLaaSReward")
 
@@ -46,7 +49,12 @@ class IsolatedReward:
         with self._lock:
             pool = self._pools.get(self.task)
             if pool is None:
-                pool = ProcessPoolExecutor(max_workers=self.workers)
+                # Workers die with the trainer, even when it is SIGKILLed.
+                pool = ProcessPoolExecutor(
+                    max_workers=self.workers,
+                    initializer=set_pdeathsig,
+                    initargs=(signal.SIGKILL,),
+                )
                 self._pools[self.task] = pool
             return pool
 
