@@ -62,6 +62,10 @@ def versions_by_task(run) -> dict[str, list[int]]:
     return out
 
 
+# ~170 s on 2 CPU cores (two trainer starts, 8 steps): over the default suite's
+# budget. The default suite covers its parts: reconcile (test_fault.py) and the
+# optimizer-state resume (test_fault_engine.py).
+@pytest.mark.slow
 def test_sigkilled_trainer_resumes_with_contiguous_versions(tmp_path, vllm_server):
     tasks = tmp_path / "tasks.yaml"
     write_two_tasks(tasks)
