@@ -550,7 +550,12 @@ class Bench:
     def run(self) -> dict[str, Any]:
         self.work.mkdir(parents=True, exist_ok=True)
         self.out.mkdir(parents=True, exist_ok=True)
-        shutil.copy(self.base_yaml, self.work / "train.yaml")
+        # Each run gets its tasks as its own --tasks file.
+        base = OmegaConf.load(self.base_yaml)
+        with open_dict(base):
+            base.pop("tasks", None)
+            base.pop("tasks_file", None)
+        OmegaConf.save(base, self.work / "train.yaml")
         self.base_yaml = str(self.work / "train.yaml")
         t0 = time.monotonic()
         results: dict[str, dict[str, Any]] = {}

@@ -1,0 +1,206 @@
+"""The discrete-event simulator drives the real SchedulerCore: hand-computed
+timelines with fixed latencies, model fits that recover known parameters, and
+admission limits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from areal_marlaas.sim.models import (
+    LatencyModels,
+    RolloutModel,
+    RunLog,
+    fit_models,
+    fit_rollout,
+)
+from areal_marlaas.sim.simulator import SimTask, simulate
+
+
+def fixed(rollout=4.0, train=3.0, publish=1.0) -> LatencyModels:
+    # beta = 1: the server's speed grows with its batch, so a batch takes `work`
+    # seconds whatever else runs beside it.
+    return LatencyModels(
+        rollout=RolloutModel(work_s=rollout, beta=1.0),
+        train_intercept_s=train,
+        publish_s=publish,
+    )
+
+
+def commits(result) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for s in result.steps:
+        out.setdefault(s["task"], []).append(s["t_commit"])
+    return out
+
+
+TWO = [SimTask("a", 2, 4), SimTask("b", 2, 4)]
+
+
+def test_async_two_tasks_hand_computed_timeline():
+    # a,b roll out 0-4; a trains 4-7, b 7-10; a publishes 7-8, rolls 8-12,
+    # trains 12-15, publishes 15-16; b publishes 10-11, rolls 11-15, trains
+    # 15-18, publishes 18-19.
+    r = simulate(TWO, fixed(), "async")
+    assert r.wall_s == pytest.approx(19.0)
+    assert commits(r) == {"a": [7.0, 15.0], "b": [10.0, 18.0]}
+    queue_b0 = [
+        e for e in r.events if e["phase"] == "queue" and e["task"] == "b"
+    ][0]
+    assert (queue_b0["start"], queue_b0["end"]) == (4.0, 7.0)
+    m = r.metrics()
+    assert m["ttfs_p50_s"] == pytest.approx(8.5)
+    assert m["tpts_p50_s"] == pytest.approx(8.0)
+
+
+def test_sync_two_tasks_waits_at_both_barriers():
+    # round 0: rollouts 0-4, trains 4-7 and 7-10, publishes end 8 and 11;
+    # round 1 starts at 11: rollouts 11-15, trains 15-18 and 18-21, last publish 22.
+    r = simulate(TWO, fixed(), "sync")
+    assert r.wall_s == pytest.approx(22.0)
+    assert commits(r) == {"a": [7.0, 18.0], "b": [10.0, 21.0]}
+
+
+@pytest.mark.parametrize("mode", ["sequential", "collocated"])
+def test_sequential_runs_one_task_after_another(mode):
+    # each task: (4 + 3 + 1) x 2 = 16 s, b after a
+    r = simulate(TWO, fixed(), mode)
+    assert r.wall_s == pytest.approx(32.0)
+    assert commits(r) == {"a": [7.0, 15.0], "b": [23.0, 31.0]}
+
+
+def test_three_tasks_one_step_async_overlaps_sequential_does_not():
+    tasks = [SimTask(n, 1, 4) for n in "abc"]
+    assert simulate(tasks, fixed(), "async").wall_s == pytest.approx(14.0)
+    assert simulate(tasks, fixed(), "sync").wall_s == pytest.approx(14.0)
+    assert simulate(tasks, fixed(), "sequential").wall_s == pytest.approx(24.0)
+
+
+def test_two_trainers_train_in_parallel():
+    r = simulate(TWO, fixed(), "async", trainers=2)
+    # both train 4-7, publish 7-8, roll 8-12, train 12-15, publish 15-16
+    assert r.wall_s == pytest.approx(16.0)
+
+
+def test_processor_sharing_batch_slows_with_company():
+    m = LatencyModels(RolloutModel(work_s=1.0, beta=0.5), train_intercept_s=1.0)
+    alone = simulate([SimTask("a", 1, 4)], m, "async")
+    rolls = [e for e in alone.events if e["phase"] == "rollout"]
+    assert rolls[0]["end"] == pytest.approx(4 / 4**0.5)
+    both = simulate([SimTask("a", 1, 4), SimTask("b", 1, 4)], m, "async")
+    ends = [e["end"] for e in both.events if e["phase"] == "rollout"]
+    assert ends == pytest.approx([8 / 8**0.5] * 2)
+    # two devices: each batch alone again
+    two = simulate([SimTask("a", 1, 4), SimTask("b", 1, 4)], m, rollout_devices=2)
+    ends = [e["end"] for e in two.events if e["phase"] == "rollout"]
+    assert ends == pytest.approx([2.0, 2.0])
+
+
+def _max_overlap(events) -> int:
+    points = []
+    for e in events:
+        if e["phase"] == "rollout":
+            points += [(e["start"], 1), (e["end"], -1)]
+    cur = best = 0
+    for _, d in sorted(points, key=lambda p: (p[0], p[1])):
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def test_kv_budget_limits_concurrent_rollouts():
+    tasks = [SimTask(n, 2, 4, kv_bytes=60) for n in "abc"]
+    free = simulate(tasks, fixed(), "async")
+    assert _max_overlap(free.events) == 3
+    tight = simulate(tasks, fixed(), "async", kv_budget=100)
+    assert _max_overlap(tight.events) == 1
+    assert tight.holds > 0
+    assert tight.wall_s > free.wall_s
+    two = simulate(tasks, fixed(), "async", kv_budget=120)
+    assert _max_overlap(two.events) == 2
+    assert len(two.steps) == 6
+
+
+def test_max_rolling_one_is_one_adapter_per_batch():
+    tasks = [SimTask(n, 1, 4) for n in "abc"]
+    r = simulate(tasks, fixed(), "async", max_rolling=1)
+    assert _max_overlap(r.events) == 1
+    assert len(r.steps) == 3
+
+
+def test_kv_budget_below_one_batch_is_refused():
+    from areal_marlaas.scheduler.core import AdmissionError
+
+    with pytest.raises(AdmissionError):
+        simulate([SimTask("a", 1, 4, kv_bytes=200)], fixed(), kv_budget=100)
+
+
+def _group_events(k: int, seqs: int, t0: float, d: float) -> list[dict]:
+    """k tasks of `seqs` sequences rolling out together from t0 for d seconds,
+    then training one after another."""
+    out = []
+    for i in range(k):
+        name = f"k{k}_{i}"
+        out.append(
+            {"task": name, "version": 0, "phase": "rollout", "start": t0, "end": t0 + d}
+        )
+        ts = t0 + d + 2.0 * i
+        out.append(
+            {"task": name, "version": 0, "phase": "train", "start": ts, "end": ts + 2}
+        )
+        out.append(
+            {"task": name, "version": 1, "phase": "publish", "start": ts + 2,
+             "end": ts + 2.1}
+        )
+    return out
+
+
+@pytest.mark.parametrize("beta, work, overhead", [(0.3, 0.5, 0.0), (0.6, 0.2, 0.8)])
+def test_fit_rollout_recovers_known_parameters(beta, work, overhead):
+    seqs = 8
+    truth = RolloutModel(work_s=work, beta=beta, overhead_s=overhead)
+    logs = []
+    t = 0.0
+    for k in (1, 2, 4, 8):
+        d = truth.duration(k * seqs)
+        ev = _group_events(k, seqs, t, d)
+        logs.append(RunLog(ev, {e["task"]: seqs for e in ev}))
+        t += 1000
+    model, diag = fit_rollout(logs)
+    assert model.beta_fitted
+    assert model.beta == pytest.approx(beta, abs=0.02)
+    assert model.work_s == pytest.approx(work, rel=0.1)
+    assert model.overhead_s == pytest.approx(overhead, abs=0.1 * max(d, 1))
+    assert diag["rmse_s"] < 0.05 * d
+    for k in (1, 3, 8):
+        assert model.duration(k * seqs) == pytest.approx(
+            truth.duration(k * seqs), rel=0.03
+        )
+
+
+def test_fit_models_train_line_publish_mean_and_default_beta():
+    ev, seqs = [], {}
+    for i, (s, d) in enumerate([(8, 3.0), (16, 5.0), (8, 3.0), (24, 7.0)]):
+        name = f"t{i}"
+        seqs[name] = s
+        base = 100.0 * i
+        ev += [
+            {"task": name, "version": 0, "phase": "rollout", "start": base,
+             "end": base + 2},
+            {"task": name, "version": 0, "phase": "train", "start": base + 2,
+             "end": base + 2 + d},
+            {"task": name, "version": 1, "phase": "publish", "start": base + 2 + d,
+             "end": base + 2.5 + d},
+            {"task": name, "version": 1, "admission": "admit", "t": base},
+        ]
+    m = fit_models([RunLog(ev, seqs)])
+    assert m.train_per_seq_s == pytest.approx(0.25)
+    assert m.train_intercept_s == pytest.approx(1.0)
+    assert m.publish_s == pytest.approx(0.5)
+    # concurrency spread is only 8..24 but no overlap: fitted
+    assert m.rollout.beta_fitted
+    same = fit_models([RunLog(ev, {n: 8 for n in seqs})])
+    assert not same.rollout.beta_fitted
+    assert same.rollout.beta == pytest.approx(math.log(1.6) / math.log(4))
+    assert LatencyModels.from_dict(m.to_dict()) == m
