@@ -211,6 +211,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from areal_marlaas.sim.project import (
         format_models,
         format_projection,
+        format_sim_markdown,
         format_validation,
         simulate_bench,
     )
@@ -252,7 +253,8 @@ def _simulate(args: argparse.Namespace) -> int:
     dest = Path(args.out) if args.out else Path(out["bench"]) / "sim.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(out, indent=1))
-    print(f"wrote {dest}")
+    dest.with_suffix(".md").write_text(format_sim_markdown(out))
+    print(f"wrote {dest} and {dest.with_suffix('.md')}")
     return 0
 
 

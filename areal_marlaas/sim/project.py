@@ -271,3 +271,51 @@ def simulate_bench(
         },
         "projection": proj,
     }
+
+
+def format_sim_markdown(out: dict[str, Any]) -> str:
+    c = out["cluster"]
+    lines = [
+        "# marlaas simulate",
+        "",
+        "Latency models fitted to the bench's runs (per placement):",
+        "",
+        "```",
+        format_models(
+            {p: LatencyModels.from_dict(m) for p, m in out["models"].items()}
+        ),
+        "```",
+        "",
+        "## Measured vs simulated wall time",
+        "",
+        "| run | mode | tenants | measured s | simulated s | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in out["validation"]:
+        lines.append(
+            f"| {r['label']} | {r['mode']} | {r['tenants']} | "
+            f"{r['measured_wall_s']:.1f} | {r['simulated_wall_s']:.1f} | "
+            f"{r['error_pct']:+.1f}% |"
+        )
+    kv = c["kv_budget_per_device"]
+    lines += [
+        "",
+        f"## Projection: {c['rollout_devices']} rollout device(s), "
+        f"{c['train_devices']} train device(s), KV budget "
+        + (f"{kv / 2**30:.1f} GiB" if kv else "unlimited")
+        + " per rollout device",
+        "",
+        "| tenants | mode | wall s | steps/h | TTFS p50 s | TPTS p50 s | holds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def f(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    for r in out["projection"]:
+        lines.append(
+            f"| {r['tenants']} | {r['mode']} | {r['wall_s']:.1f} | "
+            f"{r['train_steps_per_hour']:.1f} | {f(r['ttfs_p50_s'])} | "
+            f"{f(r['tpts_p50_s'])} | {r['admission_holds']} |"
+        )
+    return "\n".join(lines) + "\n"
