@@ -45,9 +45,7 @@ def test_async_two_tasks_hand_computed_timeline():
     r = simulate(TWO, fixed(), "async")
     assert r.wall_s == pytest.approx(19.0)
     assert commits(r) == {"a": [7.0, 15.0], "b": [10.0, 18.0]}
-    queue_b0 = [
-        e for e in r.events if e["phase"] == "queue" and e["task"] == "b"
-    ][0]
+    queue_b0 = [e for e in r.events if e["phase"] == "queue" and e["task"] == "b"][0]
     assert (queue_b0["start"], queue_b0["end"]) == (4.0, 7.0)
     m = r.metrics()
     assert m["ttfs_p50_s"] == pytest.approx(8.5)
@@ -150,8 +148,13 @@ def _group_events(k: int, seqs: int, t0: float, d: float) -> list[dict]:
             {"task": name, "version": 0, "phase": "train", "start": ts, "end": ts + 2}
         )
         out.append(
-            {"task": name, "version": 1, "phase": "publish", "start": ts + 2,
-             "end": ts + 2.1}
+            {
+                "task": name,
+                "version": 1,
+                "phase": "publish",
+                "start": ts + 2,
+                "end": ts + 2.1,
+            }
         )
     return out
 
@@ -186,12 +189,27 @@ def test_fit_models_train_line_publish_mean_and_default_beta():
         seqs[name] = s
         base = 100.0 * i
         ev += [
-            {"task": name, "version": 0, "phase": "rollout", "start": base,
-             "end": base + 2},
-            {"task": name, "version": 0, "phase": "train", "start": base + 2,
-             "end": base + 2 + d},
-            {"task": name, "version": 1, "phase": "publish", "start": base + 2 + d,
-             "end": base + 2.5 + d},
+            {
+                "task": name,
+                "version": 0,
+                "phase": "rollout",
+                "start": base,
+                "end": base + 2,
+            },
+            {
+                "task": name,
+                "version": 0,
+                "phase": "train",
+                "start": base + 2,
+                "end": base + 2 + d,
+            },
+            {
+                "task": name,
+                "version": 1,
+                "phase": "publish",
+                "start": base + 2 + d,
+                "end": base + 2.5 + d,
+            },
             {"task": name, "version": 1, "admission": "admit", "t": base},
         ]
     m = fit_models([RunLog(ev, seqs)])
