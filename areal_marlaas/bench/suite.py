@@ -526,9 +526,12 @@ class Bench:
         try:
             rc = proc.wait(timeout=self.bench.run_timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _kill_group(proc)
             rc = None
+        except BaseException:  # Ctrl-C: its own session would outlive the bench
+            _kill_group(proc)
+            sampler.stop()
+            raise
         samples = sampler.stop()
         result["process_s"] = time.monotonic() - t_start
         result["returncode"] = rc
@@ -600,6 +603,10 @@ class Bench:
                         logger.warning(f"warm-up run failed: {w.get('log_tail', '')}")
                 for p in plans:
                     done += 1
+                    if not server.alive():  # a crashed server fails one run only
+                        logger.error(f"{placement} server died; restarting it")
+                        server.stop()
+                        server = self.start_server(placement)
                     print(
                         f"[bench {done}/{total}] {p.label}: mode={p.mode} "
                         f"placement={placement} tenants={p.tenants} ...",
@@ -646,6 +653,14 @@ def task_kv_estimator(cfg: MARLaaSConfig):
     return lambda t: task_kv_bytes(
         kv, t.max_prompt_tokens, t.max_new_tokens, t.batch_size, t.n_samples
     )
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def _tail(path: Path, n: int) -> str:
