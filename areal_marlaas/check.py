@@ -17,6 +17,13 @@ from areal.utils.dynamic_import import import_from_string
 from areal_marlaas.admission import KVModel, task_kv_bytes
 from areal_marlaas.config import ConfigError, MARLaaSConfig, TaskSpec
 from areal_marlaas.rollout.server import detect_platform, server_block_size
+from areal_marlaas.scheduler.core import (
+    AdmissionError,
+    HoldRollout,
+    SchedulerCore,
+    StartRollout,
+    Submitted,
+)
 from areal_marlaas.tasks import load_task_rows
 
 
@@ -84,6 +91,47 @@ def check_task(i: int, task: TaskSpec, kv: KVModel, capacity: int | None) -> Tas
     )
 
 
+def config_kv_budget(cfg: MARLaaSConfig) -> int | None:
+    """The budget the config implies before any server is asked (None = unknown
+    until the server reports its capacity)."""
+    sched = cfg.scheduler
+    if sched.kv_budget_bytes:
+        return sched.kv_budget_bytes
+    capacity = kv_capacity_bytes(cfg)
+    return None if capacity is None else int(capacity * sched.kv_budget_fraction)
+
+
+@dataclass
+class AdmissionPlan:
+    budget: int | None
+    admitted: list[str]
+    held: dict[str, str]  # task -> reason
+
+
+def admission_plan(cfg: MARLaaSConfig, reports: list[TaskReport]) -> AdmissionPlan:
+    """Which tasks the scheduler admits at the start and which it holds, as the
+    pure core decides it for this config."""
+    budget = config_kv_budget(cfg)
+    core = SchedulerCore(
+        mode=cfg.scheduler.mode, kv_budget=budget, max_rolling=cfg.scheduler.max_rolling
+    )
+    plan = AdmissionPlan(budget, [], {})
+    for i, (task, r) in enumerate(zip(cfg.tasks, reports)):
+        try:
+            actions = core.handle(
+                Submitted(r.name, task.total_steps, 0, r.kv_bytes, task.priority)
+            )
+        except AdmissionError as e:
+            raise ConfigError(f"tasks.{i} ({task.name!r}): {e}") from e
+        for a in actions:
+            if isinstance(a, StartRollout):
+                plan.admitted.append(a.task)
+                plan.held.pop(a.task, None)
+            elif isinstance(a, HoldRollout):
+                plan.held[a.task] = a.reason
+    return plan
+
+
 def check_config(cfg: MARLaaSConfig) -> list[TaskReport]:
     """Raise ``ConfigError`` on the first problem; return a per-task report."""
     model = Path(cfg.actor.path)
@@ -94,4 +142,6 @@ def check_config(cfg: MARLaaSConfig) -> list[TaskReport]:
         )
     kv = kv_model(cfg)
     capacity = kv_capacity_bytes(cfg)
-    return [check_task(i, t, kv, capacity) for i, t in enumerate(cfg.tasks)]
+    reports = [check_task(i, t, kv, capacity) for i, t in enumerate(cfg.tasks)]
+    admission_plan(cfg, reports)  # a batch over the budget is refused here
+    return reports

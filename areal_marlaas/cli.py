@@ -25,11 +25,12 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 def _check(rest: list[str]) -> int:
     """Validate a config and its tasks without running anything."""
-    from areal_marlaas.check import check_config
+    from areal_marlaas.check import admission_plan, check_config
     from areal_marlaas.config import load_config
 
     cfg, config_file = load_config(rest)
     reports = check_config(cfg)
+    plan = admission_plan(cfg, reports)
     print(f"{config_file}: {len(reports)} task(s)")
     print(f"{'task':<16} {'kind':<16} {'rows':>7} {'KV/batch MiB':>12}  reward_fn")
     for r in reports:
@@ -37,6 +38,14 @@ def _check(rest: list[str]) -> int:
             f"{r.name:<16} {r.kind:<16} {r.rows:>7} {r.kv_bytes / 2**20:>12.1f}  "
             f"{r.reward_fn}"
         )
+    budget = "unlimited" if plan.budget is None else f"{plan.budget / 2**20:.1f} MiB"
+    print(
+        f"mode={cfg.scheduler.mode} KV budget {budget}, "
+        f"max rolling={cfg.scheduler.max_rolling or 'no cap'}"
+    )
+    print(f"first round admits: {', '.join(plan.admitted) or '-'}")
+    for name, reason in plan.held.items():
+        print(f"  held: {name} ({reason})")
     print("OK")
     return 0
 

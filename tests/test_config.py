@@ -165,3 +165,46 @@ def test_corrupt_tasks_yaml_is_a_clear_error(main_yaml, tmp_path):
     bad.write_text("tasks: [ {name: a, kind: addition\n")
     with pytest.raises(ConfigError, match="is not valid YAML"):
         load_config(["--config", str(main_yaml), "--tasks", str(bad)])
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("scheduler.mode=fast", "scheduler.mode"),
+        ("scheduler.kv_budget_fraction=1.5", "scheduler.kv_budget_fraction"),
+        ("scheduler.max_concurrent_rollouts=-1", "scheduler.max_concurrent_rollouts"),
+        ("scheduler.trainer_cpus=one", "scheduler.trainer_cpus"),
+        ("server.cpu_affinity=3-1", "server.cpu_affinity"),
+    ],
+)
+def test_bad_scheduler_setting_names_the_field(main_yaml, tmp_path, override, field):
+    tasks = write(tmp_path / "t.yaml", {"tasks": [task("a")]})
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config(["--config", str(main_yaml), "--tasks", str(tasks), override])
+
+
+def test_multi_lora_off_and_rollout_cap_set_max_rolling(main_yaml, tmp_path):
+    tasks = write(tmp_path / "t.yaml", {"tasks": [task("a")]})
+    base = ["--config", str(main_yaml), "--tasks", str(tasks)]
+
+    assert load_config(base)[0].scheduler.max_rolling is None
+    cfg, _ = load_config([*base, "scheduler.max_concurrent_rollouts=3"])
+    assert cfg.scheduler.max_rolling == 3
+    cfg, _ = load_config([*base, "scheduler.multi_lora=false"])
+    assert cfg.scheduler.max_rolling == 1
+
+
+def test_check_prints_the_admission_plan_for_a_budget(capsys, tmp_path, main_yaml):
+    # 3 tasks of 2x2 sequences x (256 + 64) tokens x 23,040 B: 29.5 MB of KV each.
+    tasks = write(tmp_path / "t.yaml", {"tasks": [task(n) for n in "abc"]})
+    argv = ["--config", main_yaml, "--tasks", tasks]
+
+    rc, out = check(capsys, *argv)
+    assert rc == 0 and "first round admits: a, b, c" in out
+
+    rc, out = check(capsys, *argv, "scheduler.kv_budget_bytes=60000000")
+    assert rc == 0 and "first round admits: a, b\n" in out
+    assert "held: c (kv)" in out
+
+    rc, out = check(capsys, *argv, "scheduler.kv_budget_bytes=20000000")
+    assert rc == 2 and "tasks.0 ('a')" in out and "could never be admitted" in out

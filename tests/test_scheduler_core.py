@@ -1,4 +1,4 @@
-"""The pure scheduling core in async (MARLaaS) mode, driven by random event orders."""
+"""The pure scheduling core in every mode, driven by random event orders."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from areal_marlaas.scheduler.core import (
     AdmissionError,
     FinishTask,
+    HoldRollout,
+    KVUsage,
     ProtocolError,
     PublishDone,
     RolloutDone,
@@ -19,27 +21,50 @@ from areal_marlaas.scheduler.core import (
     StartRollout,
     StartTrain,
     Submitted,
+    TaskError,
     TaskFailed,
     TrainDone,
 )
 
 
-def drive(core: SchedulerCore, steps: dict[str, int], seed: int, fail=None, kv=None):
-    """Complete in-flight actions in a random order; check invariants throughout."""
+def drive(
+    core: SchedulerCore,
+    steps: dict[str, int],
+    seed: int,
+    fail=None,
+    kv=None,
+    check=None,
+    errors=None,
+):
+    """Complete in-flight actions in a random order; check invariants throughout.
+
+    ``fail=(task, n)`` fails ``task`` for good once n actions ran; ``errors`` maps
+    a task to how many of its phases raise (retriable) before succeeding;
+    ``check(core, action, in_flight)`` runs at every started action."""
     rng = random.Random(seed)
     pending, log, max_rolling = [], [], 0
+    errors = dict(errors or {})
     for task, n in steps.items():
         pending += core.handle(Submitted(task, n, kv_bytes=(kv or {}).get(task, 0)))
-    while pending:
+    while True:
+        pending = [a for a in pending if not isinstance(a, HoldRollout)]
+        if not pending:
+            break
         action = pending.pop(rng.randrange(len(pending)))
         log.append(action)
         if isinstance(action, FinishTask):
             continue
+        if check is not None:
+            check(core, action, pending)
         if fail and action.task == fail[0] and len(log) >= fail[1]:
             pending += core.handle(TaskFailed(action.task, "injected"))
             pending = [
                 a for a in pending if a.task != action.task or isinstance(a, FinishTask)
             ]
+            continue
+        if errors.get(action.task, 0) > 0:
+            errors[action.task] -= 1
+            pending += core.handle(TaskError(action.task, "injected error"))
             continue
         if isinstance(action, StartRollout):
             # On-policy: a task rolls out exactly the version it last published.
@@ -51,8 +76,10 @@ def drive(core: SchedulerCore, steps: dict[str, int], seed: int, fail=None, kv=N
             event = PublishDone(action.task, action.version)
         pending += core.handle(event)
         trains = [a for a in pending if isinstance(a, StartTrain)]
-        assert len(trains) <= 1  # one serialized trainer
-        per_task = [a.task for a in pending if not isinstance(a, FinishTask)]
+        assert len(trains) <= core.trainers  # serialized trainer(s)
+        per_task = [
+            a.task for a in pending if not isinstance(a, FinishTask | HoldRollout)
+        ]
         assert len(per_task) == len(set(per_task))  # one batch in flight per task
         if core.kv_budget is not None:
             assert core.kv_in_use() <= core.kv_budget
@@ -140,8 +167,10 @@ def test_budget_for_two_of_four_tasks_never_rolls_out_more_than_two(seed):
 def test_admission_follows_priority_then_submission_order():
     core = SchedulerCore(kv_budget=100)
     assert core.handle(Submitted("a", 1, kv_bytes=60)) == [StartRollout("a", 0)]
-    assert core.handle(Submitted("b", 1, kv_bytes=60)) == []
-    assert core.handle(Submitted("c", 1, kv_bytes=60, priority=5)) == []
+    assert core.handle(Submitted("b", 1, kv_bytes=60)) == [HoldRollout("b", 0, "kv")]
+    assert core.handle(Submitted("c", 1, kv_bytes=60, priority=5)) == [
+        HoldRollout("c", 0, "kv")
+    ]
 
     # a's batch is generated: its KV is free; c outranks b.
     actions = core.handle(RolloutDone("a", 0))
@@ -154,3 +183,179 @@ def test_task_larger_than_the_budget_is_refused_at_submission():
     with pytest.raises(AdmissionError, match="task 'big'.*could never be admitted"):
         core.handle(Submitted("big", 1, kv_bytes=101))
     assert "big" not in core.tasks
+
+
+# -- sync (multi-LoRA synchronous) ----------------------------------------------
+def sync_barriers(core: SchedulerCore, action, in_flight) -> None:
+    """Round v+1 starts only after every task committed and published v; round
+    v trains only after its last rollout."""
+    others = [u for u in core.tasks.values() if u.active and u.name != action.task]
+    if isinstance(action, StartRollout):
+        for u in others:
+            assert u.version >= action.version, (action, u)
+            assert not (u.version == action.version and u.phase == "publish")
+    if isinstance(action, StartTrain):
+        for u in others:
+            assert not (u.version == action.version and u.phase == "rollout")
+            assert not (u.version == action.version and u.phase == "pending")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=st.dictionaries(
+        st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 4), min_size=1
+    ),
+    seed=st.integers(0, 10**6),
+)
+def test_sync_never_starts_next_round_before_every_task_committed(steps, seed):
+    core = SchedulerCore(mode="sync")
+
+    log, _ = drive(core, steps, seed, check=sync_barriers)
+
+    assert core.finished()
+    for task, n in steps.items():
+        assert core.tasks[task].version == n
+
+
+def test_sync_round_trains_only_after_the_last_rollout():
+    core = SchedulerCore(mode="sync")
+    for t in "ab":
+        core.handle(Submitted(t, 2))
+
+    assert core.handle(RolloutDone("a", 0)) == []  # b still rolling: barrier
+    assert core.handle(RolloutDone("b", 0)) == [StartTrain("a", 0)]
+    assert core.handle(TrainDone("a", 1)) == [StartPublish("a", 1), StartTrain("b", 0)]
+    # a published, but b has not: a waits for the round barrier.
+    assert core.handle(PublishDone("a", 1)) == [HoldRollout("a", 1, "barrier")]
+    assert core.handle(TrainDone("b", 1)) == [StartPublish("b", 1)]
+    assert core.handle(PublishDone("b", 1)) == [
+        StartRollout("a", 1),
+        StartRollout("b", 1),
+    ]
+
+
+def test_sync_failed_task_releases_the_barrier():
+    core = SchedulerCore(mode="sync")
+    for t in "ab":
+        core.handle(Submitted(t, 2))
+    core.handle(RolloutDone("a", 0))
+
+    actions = core.handle(TaskFailed("b", "boom"))
+
+    assert actions == [FinishTask("b", failed=True, reason="boom"), StartTrain("a", 0)]
+
+
+# -- single-task baselines ------------------------------------------------------
+@pytest.mark.parametrize("mode", ["sequential", "collocated"])
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.dictionaries(
+        st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 3), min_size=1
+    ),
+    seed=st.integers(0, 10**6),
+)
+def test_single_task_modes_never_overlap_two_tasks(mode, steps, seed):
+    core = SchedulerCore(mode=mode)
+
+    def one_task(core, action, in_flight):
+        busy = {a.task for a in in_flight if not isinstance(a, FinishTask)}
+        assert busy <= {action.task}, (action, in_flight)
+
+    log, max_rolling = drive(core, steps, seed, check=one_task)
+
+    assert core.finished() and max_rolling <= 1
+    # Each task runs as one block, in submission order.
+    order = [a.task for a in log if isinstance(a, StartRollout | StartTrain)]
+    blocks = [t for i, t in enumerate(order) if i == 0 or order[i - 1] != t]
+    assert blocks == [t for t in steps if steps[t] > 0]
+
+
+# -- admission ------------------------------------------------------------------
+def test_multi_lora_off_rolls_out_one_task_at_a_time():
+    core = SchedulerCore(max_rolling=1)
+
+    _, max_rolling = drive(core, {t: 2 for t in "abc"}, seed=3)
+
+    assert max_rolling == 1 and core.finished()
+
+
+def test_live_kv_usage_holds_admission_until_it_drops():
+    core = SchedulerCore(kv_budget=100)
+    core.handle(KVUsage(80))
+
+    assert core.handle(Submitted("a", 1, kv_bytes=30)) == [HoldRollout("a", 0, "kv")]
+    assert core.handle(KVUsage(70)) == [StartRollout("a", 0)]
+
+
+def test_hold_is_emitted_once_per_wait():
+    core = SchedulerCore(kv_budget=100)
+    core.handle(Submitted("a", 2, kv_bytes=60))
+    assert core.handle(Submitted("b", 1, kv_bytes=60)) == [HoldRollout("b", 0, "kv")]
+
+    assert core.handle(KVUsage(10)) == []  # still held: no second hold record
+
+
+def test_two_train_slots_train_two_tasks_at_once():
+    core = SchedulerCore(trainers=2)
+    for t in "abc":
+        core.handle(Submitted(t, 1))
+    assert core.handle(RolloutDone("a", 0)) == [StartTrain("a", 0)]
+    assert core.handle(RolloutDone("b", 0)) == [StartTrain("b", 0)]
+    assert core.handle(RolloutDone("c", 0)) == []
+    assert core.training == {"a", "b"}
+
+
+# -- retries ----------------------------------------------------------------------
+def test_failed_rollout_is_retried_at_the_same_version():
+    core = SchedulerCore(task_retries=1)
+    core.handle(Submitted("a", 2))
+
+    assert core.handle(TaskError("a", "server down")) == [StartRollout("a", 0)]
+    assert core.handle(TaskError("a", "server down")) == [
+        FinishTask("a", failed=True, reason="server down (failed 2x at v0)")
+    ]
+
+
+def test_failed_train_step_frees_the_trainer_and_rolls_out_again():
+    core = SchedulerCore(task_retries=2)
+    for t in "ab":
+        core.handle(Submitted(t, 1))
+    core.handle(RolloutDone("a", 0))
+    core.handle(RolloutDone("b", 0))
+
+    actions = core.handle(TaskError("a", "nan loss"))
+
+    assert actions == [StartTrain("b", 0), StartRollout("a", 0)]
+
+
+def test_failed_publish_is_retried_and_a_commit_resets_the_count():
+    core = SchedulerCore(task_retries=1)
+    core.handle(Submitted("a", 3))
+    core.handle(RolloutDone("a", 0))
+    core.handle(TrainDone("a", 1))
+    assert core.handle(TaskError("a", "load failed")) == [StartPublish("a", 1)]
+    core.handle(PublishDone("a", 1))
+    core.handle(RolloutDone("a", 1))
+    core.handle(TrainDone("a", 2))
+
+    # One error per version is within the limit again after the commit.
+    assert core.handle(TaskError("a", "load failed")) == [StartPublish("a", 2)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    mode=st.sampled_from(["async", "sync", "sequential"]),
+    errs=st.integers(0, 2),
+)
+def test_retried_errors_within_the_limit_still_finish_every_task(seed, mode, errs):
+    core = SchedulerCore(mode=mode, task_retries=2)
+
+    drive(core, {t: 2 for t in "abc"}, seed, errors={"b": errs})
+
+    assert all(t.phase == "done" and t.version == 2 for t in core.tasks.values())
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="scheduler mode must be one of"):
+        SchedulerCore(mode="fast")

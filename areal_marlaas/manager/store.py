@@ -103,6 +103,10 @@ class RunStore:
             },
         )
 
+    def record(self, record: dict[str, Any]) -> None:
+        """A non-interval record in events.jsonl (admission, task status)."""
+        self._append(self.events_path, record)
+
     def step(self, record: dict[str, Any]) -> None:
         self._append(self.steps_path, record)
 

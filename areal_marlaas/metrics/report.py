@@ -1,5 +1,6 @@
-"""``marlaas report RUN_DIR``: time per phase (rollout, queue, train, publish) per
-task, from ``events.jsonl``."""
+"""``marlaas report RUN_DIR``: time per phase (wait, rollout, queue, train, publish)
+per task, from ``events.jsonl``. ``wait`` is time ready to roll out but held by
+admission, a sync barrier or a single-task turn."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from areal_marlaas.manager.store import read_jsonl
 
-PHASES = ("rollout", "env", "queue", "train", "publish")
+PHASES = ("wait", "rollout", "env", "queue", "train", "publish")
 
 
 def phase_stats(run_dir: str | Path) -> dict[str, dict[str, dict[str, float]]]:
@@ -18,6 +19,8 @@ def phase_stats(run_dir: str | Path) -> dict[str, dict[str, dict[str, float]]]:
         lambda: defaultdict(list)
     )
     for e in read_jsonl(Path(run_dir) / "events.jsonl"):
+        if "phase" not in e:  # admission and status records are not intervals
+            continue
         d = e["end"] - e["start"]
         durations[e["task"]][e["phase"]].append(d)
         durations["all"][e["phase"]].append(d)

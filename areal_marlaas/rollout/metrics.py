@@ -15,6 +15,7 @@ class ServerMetrics:
     requests_waiting: float = 0.0
     kv_cache_size_tokens: int | None = None
     block_size: int | None = None
+    num_gpu_blocks: int | None = None
     # Every adapter set the server reported running together in one batch.
     running_adapter_sets: list[frozenset[str]] = field(default_factory=list)
 
@@ -39,7 +40,17 @@ def parse_metrics(text: str) -> ServerMetrics:
                     out.kv_cache_size_tokens = int(s.labels["kv_cache_size_tokens"])
                 if s.labels.get("block_size", "None") != "None":
                     out.block_size = int(s.labels["block_size"])
+                if s.labels.get("num_gpu_blocks", "None") != "None":
+                    out.num_gpu_blocks = int(s.labels["num_gpu_blocks"])
     return out
+
+
+def capacity_tokens(m: ServerMetrics) -> int | None:
+    """Tokens of KV the server can hold, on the scale of ``kv_cache_usage``
+    (vLLM's usage divides by its block count less the reserved null block)."""
+    if m.num_gpu_blocks and m.block_size:
+        return (m.num_gpu_blocks - 1) * m.block_size
+    return m.kv_cache_size_tokens
 
 
 def scrape(address: str, timeout: float = 5.0) -> ServerMetrics:

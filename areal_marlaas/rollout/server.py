@@ -23,6 +23,7 @@ from areal.api.cli_args import get_py_cmd, vLLMConfig
 from areal.utils import logging
 
 from areal_marlaas.paths import vllm_python
+from areal_marlaas.placement import parse_cpus, pin_current_process
 
 logger = logging.getLogger("MARLaaSServer")
 
@@ -116,6 +117,14 @@ class RolloutServerConfig:
             "help": "CPU only: cores for vLLM's compute (VLLM_CPU_OMP_THREADS_BIND)."
         },
     )
+    cpu_affinity: str = field(
+        default="",
+        metadata={
+            "help": "CPU only: cores the whole server process (frontend included) "
+            "may run on, e.g. '0' or '0-1'; empty = no pinning. Also binds vLLM's "
+            "compute threads there when cpu_omp_threads_bind is auto."
+        },
+    )
     devices: str = field(
         default="",
         metadata={
@@ -136,6 +145,7 @@ class RolloutServerConfig:
                 f"server.platform must be one of {list(PLATFORMS)}, "
                 f"got {self.platform!r}."
             )
+        parse_cpus(self.cpu_affinity, "server.cpu_affinity")
         for addr in self.addresses:
             if ":" not in addr:
                 raise ValueError(
@@ -213,7 +223,10 @@ def server_env(server: RolloutServerConfig, platform: str) -> dict[str, str]:
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if platform == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{server.cpu_kvcache_space_gib:g}"
-        env["VLLM_CPU_OMP_THREADS_BIND"] = server.cpu_omp_threads_bind
+        bind = server.cpu_omp_threads_bind
+        if bind == "auto" and server.cpu_affinity:
+            bind = server.cpu_affinity
+        env["VLLM_CPU_OMP_THREADS_BIND"] = bind
     elif platform == "npu":
         if server.devices:
             env["ASCEND_RT_VISIBLE_DEVICES"] = server.devices
@@ -274,6 +287,7 @@ class VLLMServer:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         logger.info(f"Starting vLLM server on {self.address} (log: {self.log_file})")
         t0 = time.monotonic()
+        cpus = parse_cpus(self.server.cpu_affinity, "server.cpu_affinity")
         with open(self.log_file, "ab") as log:
             self.process = subprocess.Popen(
                 argv,
@@ -281,6 +295,8 @@ class VLLMServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # so stop() can kill its worker processes too
+                # Children (vLLM's engine core) inherit the affinity.
+                preexec_fn=(lambda: pin_current_process(cpus)) if cpus else None,
             )
         deadline = t0 + self.server.startup_timeout_s
         while time.monotonic() < deadline:

@@ -51,6 +51,7 @@ class RolloutSession:
         self.server: VLLMServer | None = None
         self.engine: MultiLoRAvLLMEngine | None = None
         self.server_start_s: float | None = None
+        self.addresses: list[str] = []
 
     def start(self, scheduler=None) -> MultiLoRAvLLMEngine | MultiTaskRolloutController:
         """Connect an in-process engine, or, given an AReaL scheduler, a controller
@@ -63,6 +64,7 @@ class RolloutSession:
             self.server = VLLMServer(cfg.vllm.model, cfg.vllm, cfg.server, log)
             addresses = [self.server.start()]
             self.server_start_s = self.server.startup_s
+        self.addresses = addresses
         engine_cfg: InferenceEngineConfig = cfg.rollout
         t0 = time.monotonic()
         if scheduler is None:

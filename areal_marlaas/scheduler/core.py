@@ -1,13 +1,26 @@
 """The MARLaaS scheduling core: a pure state machine (events in, actions out).
 
 It knows nothing of threads, HTTP or tensors; the runtime drives it with real
-rollouts and training, and a simulator can drive it with modelled latencies.
+rollouts and training, and the simulator drives it with modelled latencies.
 
-Async (MARLaaS) mode: every task loops
-``rollout(v) -> queue -> train -> publish(v+1) -> rollout(v+1)``, independently of
-the others; tasks meet only in the FIFO training queue, which feeds one trainer.
-A task has at most one batch in flight and never rolls out before its previous
-version is published, so staleness is zero by construction.
+Every mode keeps each task strictly on-policy: a task has at most one batch in
+flight and never rolls out before its previous version is published. The modes
+differ only in *when* a task may start a rollout or a training step:
+
+* ``async`` (MARLaaS): every task loops
+  ``rollout(v) -> queue -> train -> publish(v+1) -> rollout(v+1)`` on its own; tasks
+  meet only in the FIFO training queue.
+* ``sync`` (multi-LoRA synchronous): rounds. All tasks roll out version ``v``;
+  training starts when the round's last rollout is done (barrier); each trains in
+  turn; round ``v+1`` starts when every task has published (barrier).
+* ``sequential`` / ``collocated`` (single-task baselines): one task at a time runs
+  all its steps; they differ only in placement, which the runtime sets.
+
+Admission: a task starts a rollout only while the KV footprint of the tasks rolling
+out (or the server's reported usage, whichever is larger) plus its own stays within
+``kv_budget``, and fewer than ``max_rolling`` tasks roll out. Waiting tasks go by
+priority, then submission order, and a task that does not fit holds back those
+behind it (no overtaking, so a large task is never starved).
 """
 
 from __future__ import annotations
@@ -16,15 +29,20 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+MODES = ("async", "sync", "sequential", "collocated")
+
 
 class Phase(StrEnum):
-    PENDING = "pending"  # submitted, not yet rolling out
+    PENDING = "pending"  # waiting to roll out its current version
     ROLLOUT = "rollout"
-    QUEUED = "queued"  # batch ready, waiting for the trainer
+    QUEUED = "queued"  # batch ready, waiting for a trainer
     TRAIN = "train"
     PUBLISH = "publish"
     DONE = "done"
     FAILED = "failed"
+
+
+_ENDED = (Phase.DONE, Phase.FAILED)
 
 
 # -- events (runtime -> core) ---------------------------------------------------
@@ -56,12 +74,31 @@ class PublishDone:
 
 
 @dataclass(frozen=True)
-class TaskFailed:
+class TaskError:
+    """The task's phase in flight failed; the core retries it or fails the task."""
+
     task: str
     reason: str
 
 
-Event = Submitted | RolloutDone | TrainDone | PublishDone | TaskFailed
+@dataclass(frozen=True)
+class TaskFailed:
+    """Fail the task now, without retry."""
+
+    task: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class KVUsage:
+    """KV bytes the server reports in use (``vllm:kv_cache_usage_perc``)."""
+
+    used_bytes: int
+
+
+Event = (
+    Submitted | RolloutDone | TrainDone | PublishDone | TaskError | TaskFailed | KVUsage
+)
 
 
 # -- actions (core -> runtime) --------------------------------------------------
@@ -87,9 +124,21 @@ class StartPublish:
 class FinishTask:
     task: str
     failed: bool = False
+    reason: str = ""
 
 
-Action = StartRollout | StartTrain | StartPublish | FinishTask
+@dataclass(frozen=True)
+class HoldRollout:
+    """A task ready to roll out must wait; emitted once per wait. ``reason``:
+    ``kv`` (budget), ``cap`` (max_rolling), ``barrier`` (sync round) or ``turn``
+    (single-task modes)."""
+
+    task: str
+    version: int
+    reason: str
+
+
+Action = StartRollout | StartTrain | StartPublish | FinishTask | HoldRollout
 
 
 class ProtocolError(RuntimeError):
@@ -111,54 +160,82 @@ class TaskState:
     kv_bytes: int = 0
     priority: int = 0
     order: int = 0
+    errors: int = 0  # failures at the current version (reset by a commit)
+    held: str = ""  # why it is waiting, once a HoldRollout was emitted
+
+    @property
+    def active(self) -> bool:
+        return self.phase not in _ENDED
 
 
 @dataclass
 class SchedulerCore:
-    """``kv_budget`` (bytes, None = unlimited) caps the summed KV footprint of the
-    tasks rolling out at once; waiting tasks are admitted by priority, then
-    submission order, and a task that does not fit holds back those behind it
-    (no overtaking, so a large task is never starved)."""
-
-    kv_budget: int | None = None
+    mode: str = "async"
+    kv_budget: int | None = None  # bytes; None = unlimited
+    max_rolling: int | None = None  # tasks rolling out at once; None = unlimited
+    trainers: int = 1  # train slots fed by the FIFO queue
+    task_retries: int = 0  # retries of a failed phase per version
     tasks: dict[str, TaskState] = field(default_factory=dict)
     train_queue: deque[str] = field(default_factory=deque)
-    training: str | None = None
+    training: set[str] = field(default_factory=set)
+    live_kv: int = 0  # what the server last reported in use
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(
+                f"scheduler mode must be one of {MODES}, got {self.mode!r}"
+            )
+        if self.trainers < 1:
+            raise ValueError(f"trainers must be >= 1, got {self.trainers}")
+        if self.max_rolling is not None and self.max_rolling < 1:
+            raise ValueError(f"max_rolling must be >= 1, got {self.max_rolling}")
 
     # -- queries ----------------------------------------------------------------
     def finished(self) -> bool:
-        return bool(self.tasks) and all(
-            t.phase in (Phase.DONE, Phase.FAILED) for t in self.tasks.values()
-        )
+        return bool(self.tasks) and not any(t.active for t in self.tasks.values())
 
     def rolling(self) -> list[str]:
         return [n for n, t in self.tasks.items() if t.phase is Phase.ROLLOUT]
 
     def kv_in_use(self) -> int:
+        """Estimated KV of the batches rolling out now."""
         return sum(self.tasks[n].kv_bytes for n in self.rolling())
+
+    def kv_used(self) -> int:
+        """What admission counts as used: the estimate or the server's report."""
+        return max(self.kv_in_use(), self.live_kv)
+
+    def _active(self) -> list[TaskState]:
+        return [t for t in self.tasks.values() if t.active]
 
     # -- transitions ------------------------------------------------------------
     def handle(self, event: Event) -> list[Action]:
         if isinstance(event, Submitted):
             return self._submitted(event)
+        if isinstance(event, KVUsage):
+            self.live_kv = max(0, int(event.used_bytes))
+            return self._admit()
         task = self.tasks.get(event.task)
         if task is None:
             raise ProtocolError(f"event for unknown task: {event}")
-        if isinstance(event, TaskFailed):
-            return self._failed(task, event.reason)
-        if task.phase in (Phase.DONE, Phase.FAILED):
+        if not task.active:
             return []  # late news about a task that already ended
+        if isinstance(event, TaskFailed):
+            return self._fail(task, event.reason)
+        if isinstance(event, TaskError):
+            return self._error(task, event.reason)
         if isinstance(event, RolloutDone):
             self._expect(task, Phase.ROLLOUT, event.version)
             task.phase = Phase.QUEUED  # its KV is free again
             self.train_queue.append(task.name)
             return [*self._next_train(), *self._admit()]
         if isinstance(event, TrainDone):
-            if self.training != task.name or event.version != task.version + 1:
-                raise ProtocolError(f"{event} while training {self.training!r}")
-            self.training = None
+            if task.name not in self.training or event.version != task.version + 1:
+                raise ProtocolError(f"{event} while training {sorted(self.training)}")
+            self.training.discard(task.name)
             task.version = event.version
             task.steps_done += 1
+            task.errors = 0
             task.phase = Phase.PUBLISH
             return [StartPublish(task.name, task.version), *self._next_train()]
         if isinstance(event, PublishDone):
@@ -171,9 +248,10 @@ class SchedulerCore:
             raise ProtocolError(f"task {event.task!r} submitted twice")
         if self.kv_budget is not None and event.kv_bytes > self.kv_budget:
             raise AdmissionError(
-                f"task {event.task!r}: one rollout batch needs {event.kv_bytes} bytes "
-                f"of KV cache but the budget is {self.kv_budget}; it could never be "
-                "admitted (lower batch_size, n_samples or max_new_tokens)"
+                f"task {event.task!r}: one rollout batch needs "
+                f"{event.kv_bytes / 2**20:.1f} MiB of KV cache but the budget is "
+                f"{self.kv_budget / 2**20:.1f} MiB; it could never be admitted "
+                "(lower batch_size, n_samples or max_new_tokens, or raise the budget)"
             )
         task = TaskState(
             event.task,
@@ -188,49 +266,116 @@ class SchedulerCore:
         return self._after_publish(task)
 
     def _after_publish(self, task: TaskState) -> list[Action]:
+        actions: list[Action] = []
         if task.steps_done >= task.total_steps:
             task.phase = Phase.DONE
-            return [FinishTask(task.name)]
-        task.phase = Phase.PENDING
-        return self._admit()
+            actions.append(FinishTask(task.name))
+            # A finished task can release a sync barrier or a single-task turn.
+            actions += self._next_train()
+        else:
+            task.phase = Phase.PENDING
+        return [*actions, *self._admit()]
+
+    # -- admission --------------------------------------------------------------
+    def _turn(self, task: TaskState) -> bool:
+        """Whether the mode lets ``task`` roll out now (resources aside)."""
+        if self.mode == "async":
+            return True
+        if self.mode == "sync":
+            # Round v starts when every task has committed and published v.
+            return all(
+                u.version >= task.version
+                and not (u.version == task.version and u.phase is Phase.PUBLISH)
+                for u in self._active()
+            )
+        first = min(self._active(), key=lambda t: (-t.priority, t.order))
+        return first is task
 
     def _admit(self) -> list[Action]:
         waiting = sorted(
             (t for t in self.tasks.values() if t.phase is Phase.PENDING),
             key=lambda t: (-t.priority, t.order),
         )
-        used = self.kv_in_use()
+        used = self.kv_used()
+        rolling = len(self.rolling())
         actions: list[Action] = []
+        blocked = ""  # a resource hold: nobody behind may overtake
         for task in waiting:
-            if self.kv_budget is not None and used + task.kv_bytes > self.kv_budget:
-                break
+            reason = blocked
+            if not reason and not self._turn(task):
+                reason = "barrier" if self.mode == "sync" else "turn"
+            elif not reason and self.max_rolling is not None:
+                if rolling >= self.max_rolling:
+                    reason = blocked = "cap"
+            if not reason and self.kv_budget is not None:
+                if used + task.kv_bytes > self.kv_budget:
+                    reason = blocked = "kv"
+            if reason:
+                if task.held != reason:
+                    task.held = reason
+                    actions.append(HoldRollout(task.name, task.version, reason))
+                continue
             used += task.kv_bytes
+            rolling += 1
+            task.held = ""
             task.phase = Phase.ROLLOUT
             actions.append(StartRollout(task.name, task.version))
         return actions
 
-    def _next_train(self) -> list[Action]:
-        if self.training is not None or not self.train_queue:
-            return []
-        name = self.train_queue.popleft()
-        task = self.tasks[name]
-        task.phase = Phase.TRAIN
-        self.training = name
-        return [StartTrain(name, task.version)]
+    # -- training ---------------------------------------------------------------
+    def _may_train(self, task: TaskState) -> bool:
+        if self.mode != "sync":
+            return True
+        # Training of round v waits for every rollout of round v.
+        return not any(
+            u.version == task.version and u.phase in (Phase.PENDING, Phase.ROLLOUT)
+            for u in self._active()
+        )
 
-    def _failed(self, task: TaskState, reason: str) -> list[Action]:
-        if task.phase in (Phase.DONE, Phase.FAILED):
-            return []
-        was_training = self.training == task.name
+    def _next_train(self) -> list[Action]:
+        actions: list[Action] = []
+        while len(self.training) < self.trainers and self.train_queue:
+            task = self.tasks[self.train_queue[0]]
+            if not self._may_train(task):
+                break
+            self.train_queue.popleft()
+            task.phase = Phase.TRAIN
+            self.training.add(task.name)
+            actions.append(StartTrain(task.name, task.version))
+        return actions
+
+    # -- failures ---------------------------------------------------------------
+    def _error(self, task: TaskState, reason: str) -> list[Action]:
+        task.errors += 1
+        task.reason = reason
+        if task.errors > self.task_retries:
+            return self._fail(
+                task, f"{reason} (failed {task.errors}x at v{task.version})"
+            )
+        if task.phase is Phase.PUBLISH:
+            return [StartPublish(task.name, task.version)]
+        if task.phase is Phase.PENDING:
+            raise ProtocolError(f"task {task.name!r}: error while nothing in flight")
+        # A failed rollout or training step: generate a fresh batch at the same
+        # version (the failed batch is dropped, so the task stays on-policy).
+        self._drop_batch(task)
+        task.phase = Phase.PENDING
+        return [*self._next_train(), *self._admit()]
+
+    def _drop_batch(self, task: TaskState) -> None:
         if task.name in self.train_queue:
             self.train_queue.remove(task.name)
-        task.phase = Phase.FAILED  # frees its KV if it was rolling out
+        self.training.discard(task.name)
+
+    def _fail(self, task: TaskState, reason: str) -> list[Action]:
+        self._drop_batch(task)
+        task.phase = Phase.FAILED  # frees its KV and train slot
         task.reason = reason
-        actions: list[Action] = [FinishTask(task.name, failed=True)]
-        if was_training:
-            self.training = None
-            actions += self._next_train()
-        return [*actions, *self._admit()]
+        return [
+            FinishTask(task.name, failed=True, reason=reason),
+            *self._next_train(),
+            *self._admit(),
+        ]
 
     @staticmethod
     def _expect(task: TaskState, phase: Phase, version: int) -> None:

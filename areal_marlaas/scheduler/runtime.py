@@ -4,6 +4,8 @@ One dispatcher loop owns the core: it takes events from a queue, feeds them to t
 core and starts the actions the core returns. Rollouts and publishes run on a
 thread pool (one task never has two in flight, so the pool needs one thread per
 task); training runs on a single thread, which is the serialized FIFO trainer.
+Every mode (async, sync, sequential, collocated) is the same loop: only the core's
+decisions differ, so every mode writes the same run-directory files.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from areal_marlaas.manager.data import TaskData
 from areal_marlaas.manager.store import RunStore
 from areal_marlaas.scheduler.core import (
     Action,
+    AdmissionError,
     FinishTask,
+    HoldRollout,
+    KVUsage,
     PublishDone,
     RolloutDone,
     SchedulerCore,
@@ -32,7 +37,7 @@ from areal_marlaas.scheduler.core import (
     StartRollout,
     StartTrain,
     Submitted,
-    TaskFailed,
+    TaskError,
     TrainDone,
 )
 
@@ -67,8 +72,11 @@ class TaskRun:
     workflow: str
     workflow_kwargs: dict[str, Any]
     start_version: int = 0
+    kv_bytes: int = 0  # KV footprint of one rollout batch (admission)
+    priority: int = 0
     # filled while running
     submitted_at: float = 0.0
+    ready_at: float = 0.0  # when it last became ready to roll out
     rollout_end: float = 0.0
     batch: list[dict[str, Any]] | None = None
     rewards: list[float] = field(default_factory=list)
@@ -86,6 +94,10 @@ def _tensor(x) -> torch.Tensor:
 
 
 class Runtime:
+    """``kv_budget`` (bytes) and ``max_rolling`` drive admission; ``kv_probe``
+    (returns the server's KV bytes in use, or None) feeds live usage into it every
+    ``kv_poll_interval_s``; ``task_retries`` retries a failed phase per version."""
+
     def __init__(
         self,
         tasks: list[TaskRun],
@@ -93,11 +105,14 @@ class Runtime:
         trainer: TrainBackend,
         store: RunStore,
         mode: str = "async",
+        kv_budget: int | None = None,
+        max_rolling: int | None = None,
+        task_retries: int = 0,
         rollout_timeout: float | None = None,
         on_step: Callable[[dict[str, Any], dict[str, float]], None] | None = None,
+        kv_probe: Callable[[], int | None] | None = None,
+        kv_poll_interval_s: float = 1.0,
     ):
-        if mode != "async":
-            raise ValueError(f"scheduler mode {mode!r} is not implemented yet")
         self.tasks = {t.name: t for t in tasks}
         self.rollout = rollout
         self.trainer = trainer
@@ -105,52 +120,128 @@ class Runtime:
         self.mode = mode
         self.rollout_timeout = rollout_timeout
         self.on_step = on_step
-        self.core = SchedulerCore()
+        self.kv_probe = kv_probe
+        self.kv_poll_interval_s = kv_poll_interval_s
+        self.core = SchedulerCore(
+            mode=mode,
+            kv_budget=kv_budget,
+            max_rolling=max_rolling,
+            task_retries=task_retries,
+        )
         self.events: queue.Queue = queue.Queue()
         self._workers = ThreadPoolExecutor(len(tasks) + 1, "marlaas-task")
         self._trainer = ThreadPoolExecutor(1, "marlaas-trainer")
         self.started_at = 0.0
+        self.rejected: dict[str, str] = {}  # tasks refused at submission
+        self.holds = 0
+        self.kv_peak_reported = 0
 
     # -- loop -------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         self.started_at = time.time()
         for t in self.tasks.values():
-            t.submitted_at = time.time()
-            self.events.put(Submitted(t.name, t.total_steps, t.start_version))
+            t.submitted_at = t.ready_at = time.time()
+            event = Submitted(
+                t.name, t.total_steps, t.start_version, t.kv_bytes, t.priority
+            )
+            try:
+                actions = self.core.handle(event)
+            except AdmissionError as e:  # refused alone; the others still run
+                self._reject(t, str(e))
+                continue
+            self._dispatch_all(actions)
         try:
-            while not self.core.finished():
-                event = self.events.get()
-                for action in self.core.handle(event):
-                    self._dispatch(action)
+            while self.core.tasks and not self.core.finished():
+                self._dispatch_all(self.core.handle(self._next_event()))
         finally:
             self._workers.shutdown(wait=True)
             self._trainer.shutdown(wait=True)
         return self.summary(time.time() - self.started_at)
 
+    def _next_event(self):
+        if self.kv_probe is None:
+            return self.events.get()
+        try:
+            return self.events.get(timeout=self.kv_poll_interval_s)
+        except queue.Empty:
+            used = self.kv_probe()
+            if used is None:
+                return self._next_event()
+            self.kv_peak_reported = max(self.kv_peak_reported, used)
+            return KVUsage(used)
+
+    def _reject(self, t: TaskRun, reason: str) -> None:
+        logger.error(f"task {t.name} rejected: {reason}")
+        t.error = reason
+        self.rejected[t.name] = reason
+        self._admission(t.name, t.start_version, "reject", reason)
+
+    def _admission(self, task: str, version: int, what: str, reason: str = ""):
+        """An admission record in events.jsonl (no "phase" key: not an interval)."""
+        self.store.record(
+            {
+                "task": task,
+                "version": version,
+                "admission": what,
+                "reason": reason,
+                "kv_bytes": self.tasks[task].kv_bytes,
+                "kv_in_use": self.core.kv_in_use(),
+                "kv_reported": self.core.live_kv,
+                "kv_budget": self.core.kv_budget,
+                "rolling": self.core.rolling(),
+                "t": time.time(),
+            }
+        )
+
+    def _dispatch_all(self, actions: list[Action]) -> None:
+        for action in actions:
+            self._dispatch(action)
+
     def _dispatch(self, action: Action) -> None:
         if isinstance(action, StartRollout):
+            self._admission(action.task, action.version, "admit")
             self._workers.submit(self._guard, action.task, self._rollout, action)
+        elif isinstance(action, HoldRollout):
+            self.holds += 1
+            self._admission(action.task, action.version, "hold", action.reason)
         elif isinstance(action, StartTrain):
             self._trainer.submit(self._guard, action.task, self._train, action)
         elif isinstance(action, StartPublish):
             self._workers.submit(self._guard, action.task, self._publish, action)
         elif isinstance(action, FinishTask):
             state = "failed" if action.failed else "done"
-            logger.info(f"task {action.task} {state}")
+            if action.failed:
+                self.tasks[action.task].error = action.reason
+                logger.error(f"task {action.task} failed: {action.reason}")
+            else:
+                logger.info(f"task {action.task} done")
+            self.store.record(
+                {
+                    "task": action.task,
+                    "status": state,
+                    "reason": action.reason,
+                    "t": time.time(),
+                }
+            )
 
     def _guard(self, task: str, fn, action) -> None:
         try:
             self.events.put(fn(action))
         except Exception as e:  # one tenant's failure never stops the others
             reason = f"{type(e).__name__}: {e}"
-            logger.error(f"task {task} failed: {reason}\n{traceback.format_exc()}")
-            self.tasks[task].error = reason
-            self.events.put(TaskFailed(task, reason))
+            logger.error(
+                f"task {task} {type(action).__name__} v{action.version} failed: "
+                f"{reason}\n{traceback.format_exc()}"
+            )
+            self.tasks[task].ready_at = time.time()
+            self.events.put(TaskError(task, reason))
 
     # -- phases -----------------------------------------------------------------
     def _rollout(self, a: StartRollout) -> RolloutDone:
         t = self.tasks[a.task]
         start = time.time()
+        if start - t.ready_at > 0.05:  # held by admission, a barrier or its turn
+            self.store.event(a.task, a.version, "wait", t.ready_at, start)
         rows = t.data.next_batch(t.batch_size)
         trajs = self.rollout.rollout_task(
             rows, t.workflow, t.workflow_kwargs, t.n_samples, self.rollout_timeout
@@ -161,6 +252,7 @@ class Runtime:
         t.batch = ok
         t.rollout_end = time.time()
         self.store.event(a.task, a.version, "rollout", start, t.rollout_end)
+        self._admission(a.task, a.version, "release")
         return RolloutDone(a.task, a.version)
 
     def _train(self, a: StartTrain) -> TrainDone:
@@ -205,7 +297,9 @@ class Runtime:
         self.rollout.publish(
             a.task, a.version, str(self.store.adapter_dir(a.task, a.version))
         )
-        self.store.event(a.task, a.version, "publish", start, time.time())
+        t = self.tasks[a.task]
+        t.ready_at = time.time()
+        self.store.event(a.task, a.version, "publish", start, t.ready_at)
         return PublishDone(a.task, a.version)
 
     # -- report -----------------------------------------------------------------
@@ -213,14 +307,15 @@ class Runtime:
         tasks = {}
         steps = 0
         for name, t in self.tasks.items():
-            state = self.core.tasks[name]
+            state = self.core.tasks.get(name)
             gaps = [b - a for a, b in zip([t.submitted_at, *t.commits], t.commits)]
             steps += len(t.commits)
             tasks[name] = {
                 "steps": len(t.commits),
-                "final_version": state.version,
-                "status": state.phase.value,
+                "final_version": state.version if state else t.start_version,
+                "status": state.phase.value if state else "rejected",
                 "error": t.error,
+                "kv_bytes": t.kv_bytes,
                 "reward_first": t.rewards[0] if t.rewards else None,
                 "reward_last": t.rewards[-1] if t.rewards else None,
                 "ttfs_s": gaps[0] if gaps else None,
@@ -230,5 +325,9 @@ class Runtime:
             "mode": self.mode,
             "wall_s": wall,
             "train_steps_per_hour": steps / wall * 3600 if wall > 0 else 0.0,
+            "kv_budget": self.core.kv_budget,
+            "max_rolling": self.core.max_rolling,
+            "admission_holds": self.holds,
+            "kv_peak_reported": self.kv_peak_reported,
             "tasks": tasks,
         }

@@ -20,9 +20,12 @@ from areal.utils.hf_utils import load_hf_tokenizer
 from areal.utils.network import find_free_ports
 from areal.utils.stats_logger import StatsLogger
 
+from areal_marlaas.admission import KVModel, task_kv_bytes
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
 from areal_marlaas.manager.data import TaskData
 from areal_marlaas.manager.store import RunStore
+from areal_marlaas.placement import parse_cpus, pin_current_process
+from areal_marlaas.rollout.metrics import capacity_tokens, scrape
 from areal_marlaas.rollout.session import RolloutSession, task_workflow
 from areal_marlaas.scheduler.runtime import Runtime, TaskRun
 from areal_marlaas.tasks import load_task_rows
@@ -44,7 +47,14 @@ def single_rank_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(find_free_ports(1)[0]))
 
 
-def add_tenant(engine, spec: TaskSpec, store: RunStore, tokenizer, tokenizer_path: str):
+def add_tenant(
+    engine,
+    spec: TaskSpec,
+    store: RunStore,
+    tokenizer,
+    tokenizer_path: str,
+    kv: KVModel | None = None,
+):
     """Give ``spec`` its state on the trainer, commit its v0 adapter, and return
     what the runtime needs to run it (``engine``: the FSDP actor or its handle)."""
     engine.add_task(
@@ -59,6 +69,15 @@ def add_tenant(engine, spec: TaskSpec, store: RunStore, tokenizer, tokenizer_pat
     store.commit(spec.name, 0, {"cursor": 0, "steps": 0})
     workflow, kwargs = task_workflow(spec, tokenizer_path)
     data = TaskData(load_task_rows(spec), spec.seed, tokenizer, spec.max_prompt_tokens)
+    kv_bytes = 0
+    if kv is not None:
+        kv_bytes = task_kv_bytes(
+            kv,
+            spec.max_prompt_tokens,
+            spec.max_new_tokens,
+            spec.batch_size,
+            spec.n_samples,
+        )
     return TaskRun(
         name=spec.name,
         total_steps=spec.total_steps,
@@ -67,7 +86,45 @@ def add_tenant(engine, spec: TaskSpec, store: RunStore, tokenizer, tokenizer_pat
         data=data,
         workflow=workflow,
         workflow_kwargs=kwargs,
+        kv_bytes=kv_bytes,
+        priority=spec.priority,
     )
+
+
+def server_kv_capacity(cfg: MARLaaSConfig, kv: KVModel, address: str) -> int | None:
+    """KV-cache bytes the server holds: from its own report (cache_config_info),
+    else what the config gives a launched CPU server; None when unknown."""
+    from areal_marlaas.check import kv_capacity_bytes
+
+    try:
+        tokens = capacity_tokens(scrape(address))
+    except Exception as e:  # an attached server without /metrics
+        logger.warning(f"cannot read the KV capacity of {address}: {e}")
+        tokens = None
+    if tokens:
+        return tokens * kv.bytes_per_token
+    return kv_capacity_bytes(cfg)
+
+
+def kv_budget(cfg: MARLaaSConfig, capacity: int | None) -> int | None:
+    sched = cfg.scheduler
+    if sched.kv_budget_bytes:
+        return sched.kv_budget_bytes
+    if capacity is None:
+        return None
+    return int(capacity * sched.kv_budget_fraction)
+
+
+def kv_probe(address: str, capacity: int):
+    """Bytes of KV the server reports in use (None when it cannot be read)."""
+
+    def probe() -> int | None:
+        try:
+            return int(scrape(address, timeout=2).kv_cache_usage * capacity)
+        except Exception:
+            return None
+
+    return probe
 
 
 class MultiTaskTrainer:
@@ -121,17 +178,63 @@ class MultiTaskTrainer:
         return engine
 
     def _prepare_tasks(self, engine) -> list[TaskRun]:
+        from areal_marlaas.check import kv_model
+
         tokenizer = load_hf_tokenizer(self.cfg.tokenizer_path)
+        self.kv = kv_model(self.cfg)
         return [
-            add_tenant(engine, spec, self.store, tokenizer, self.cfg.tokenizer_path)
+            add_tenant(
+                engine, spec, self.store, tokenizer, self.cfg.tokenizer_path, self.kv
+            )
             for spec in self.cfg.tasks
         ]
+
+    def _pin_trainer(self) -> None:
+        """Disaggregated placement on CPU: the in-process trainer on its cores."""
+        import torch
+
+        cpus = parse_cpus(self.cfg.scheduler.trainer_cpus, "scheduler.trainer_cpus")
+        if not cpus:
+            return
+        if self.scheduler is not None:
+            logger.warning(
+                "scheduler.trainer_cpus pins only in-process engines "
+                "(scheduler.type=null); use the scheduler's placement for workers"
+            )
+            return
+        used = pin_current_process(cpus)
+        torch.set_num_threads(len(used))
+        logger.info(f"trainer pinned to cores {sorted(used)}")
+
+    def _admission(self) -> dict[str, Any]:
+        """Runtime arguments for the mode and KV-aware admission."""
+        sched = self.cfg.scheduler
+        address = self.session.addresses[0] if self.session.addresses else None
+        capacity = server_kv_capacity(self.cfg, self.kv, address) if address else None
+        budget = kv_budget(self.cfg, capacity)
+        probe = None
+        if sched.kv_live and address and capacity:
+            probe = kv_probe(address, capacity)
+        self.timings["kv_capacity_bytes"] = capacity or 0
+        logger.info(
+            f"mode={sched.mode} kv capacity={capacity} budget={budget} "
+            f"max_rolling={sched.max_rolling} live={probe is not None}"
+        )
+        return dict(
+            mode=sched.mode,
+            kv_budget=budget,
+            max_rolling=sched.max_rolling,
+            task_retries=sched.task_retries,
+            kv_probe=probe,
+            kv_poll_interval_s=sched.kv_poll_interval_s,
+        )
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.monotonic()
         try:
             self.scheduler = self._init_scheduler()
+            self._pin_trainer()
             self.engine = engine = self._build_trainer()
             tasks = self._prepare_tasks(engine)
             self.session = RolloutSession(cfg, self.store.root)
@@ -145,9 +248,9 @@ class MultiTaskTrainer:
                 rollout,
                 engine,
                 self.store,
-                mode="async",
                 rollout_timeout=cfg.rollout.request_timeout,
                 on_step=self._progress,
+                **self._admission(),
             )
             self._t_run = time.time()
             self._n_commits = 0
@@ -202,7 +305,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append("  ".join(f"{_fmt(v):>12}" for v in vals))
     lines.append(
         f"mode={summary['mode']} wall={summary['wall_s']:.1f}s "
-        f"train_steps/h={summary['train_steps_per_hour']:.1f}"
+        f"train_steps/h={summary['train_steps_per_hour']:.1f} "
+        f"admission_holds={summary.get('admission_holds', 0)}"
     )
     lines.append(f"run dir: {summary['run_dir']}")
     return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""The admission estimate against the real server's own KV accounting."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import requests
+
+from areal_marlaas.admission import KVModel, task_kv_bytes
+from areal_marlaas.rollout.metrics import capacity_tokens, parse_metrics, scrape
+
+pytestmark = pytest.mark.vllm
+
+
+def test_estimate_matches_server_reported_kv_for_one_running_batch(
+    vllm_server, model_path
+):
+    base = f"http://{vllm_server.address}"
+    info = scrape(vllm_server.address)
+    kv = KVModel.from_model_dir(model_path, "bfloat16", info.block_size)
+    capacity = capacity_tokens(info) * kv.bytes_per_token
+    prompt = list(range(1000, 1040))  # 40 prompt tokens
+    new_tokens, prompts, samples = 100, 2, 4
+    estimate = task_kv_bytes(kv, len(prompt), new_tokens, prompts, samples)
+
+    peak = 0.0
+    done = threading.Event()
+
+    def poll():
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, scrape(vllm_server.address).kv_cache_usage)
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        out = requests.post(
+            f"{base}/v1/completions",
+            json={
+                "model": str(model_path),
+                "prompt": [prompt] * prompts,
+                "n": samples,
+                "max_tokens": new_tokens,
+                "ignore_eos": True,  # every sequence reaches its full length
+                "temperature": 1.0,
+            },
+            timeout=300,
+        )
+    finally:
+        done.set()
+        poller.join()
+    assert out.status_code == 200, out.text
+    assert all(c["finish_reason"] == "length" for c in out.json()["choices"])
+
+    reported = peak * capacity
+    ratio = reported / estimate
+    print(f"estimate {estimate} B, server peak {reported:.0f} B, ratio {ratio:.4f}")
+    # The last blocks fill at the very end, so the peak can miss a block per
+    # sequence; never more than the estimate plus rounding.
+    assert 0.85 <= ratio <= 1.01
+
+
+def test_parse_metrics_reads_usage_and_capacity():
+    text = (
+        "# HELP vllm:kv_cache_usage_perc x\n# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'vllm:kv_cache_usage_perc{engine="0"} 0.25\n'
+        "# HELP vllm:cache_config_info x\n# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="32",num_gpu_blocks="101",engine="0"} 1\n'
+    )
+
+    m = parse_metrics(text)
+
+    assert m.kv_cache_usage == 0.25
+    assert capacity_tokens(m) == 100 * 32
