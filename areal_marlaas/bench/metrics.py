@@ -24,7 +24,7 @@ from typing import Any
 
 from areal_marlaas.manager.store import read_jsonl
 
-PHASES = ("rollout", "env", "queue", "train", "publish")
+PHASES = ("wait", "rollout", "env", "queue", "train", "publish")
 
 
 def percentile(xs: list[float], q: float) -> float | None:

@@ -9,6 +9,7 @@ from typing import Any
 from areal_marlaas.manager.store import read_jsonl
 
 COLORS = {
+    "wait": "gold",  # held by admission, a sync barrier or its turn
     "rollout": "tab:blue",
     "env": "tab:purple",
     "queue": "tab:gray",

@@ -123,6 +123,7 @@ def simulate(
     train_start: dict[str, float] = {}
     publish_start: dict[str, float] = {}
     version: dict[str, int] = {}
+    ready_at: dict[str, float] = {t.name: 0.0 for t in tasks}
 
     def timer(at: float, kind: str, task: str, v: int) -> None:
         heapq.heappush(timers, (at, next(order), kind, task, v))
@@ -136,6 +137,8 @@ def simulate(
     def dispatch(actions) -> None:
         for a in actions:
             if isinstance(a, StartRollout):
+                if now > ready_at[a.task] + EPS:  # held: admission, barrier, turn
+                    event(a.task, a.version, "wait", ready_at[a.task], now)
                 rollout_start[a.task] = now
                 version[a.task] = a.version
                 timer(now + models.rollout.overhead_s, "serve", a.task, a.version)
@@ -202,6 +205,7 @@ def simulate(
                 dispatch(core.handle(TrainDone(task, v)))
             elif kind == "published":
                 event(task, v, "publish", publish_start[task], now)
+                ready_at[task] = now
                 dispatch(core.handle(PublishDone(task, v)))
     result.wall_s = now
     return result
