@@ -66,6 +66,10 @@ def test_sequential_runs_one_task_after_another(mode):
     r = simulate(TWO, fixed(), mode)
     assert r.wall_s == pytest.approx(32.0)
     assert commits(r) == {"a": [7.0, 15.0], "b": [23.0, 31.0]}
+    waits = [
+        (e["task"], e["start"], e["end"]) for e in r.events if e["phase"] == "wait"
+    ]
+    assert waits == [("b", 0.0, 16.0)]
 
 
 def test_three_tasks_one_step_async_overlaps_sequential_does_not():
