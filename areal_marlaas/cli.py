@@ -184,8 +184,15 @@ def _eval_adapters(rest: list[str]) -> int:
 
 def _bench(rest: list[str]) -> int:
     """Every scheduling mode, ablations and a concurrency sweep on one workload."""
+    import signal
+
     from areal_marlaas.bench.suite import Bench, format_result, load_bench_config
 
+    def _terminate(signum, frame):
+        # Unwind, so the server and the running trainer (own sessions) are stopped.
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _terminate)
     bench, cfg, base_yaml, train_args = load_bench_config(rest)
     result = Bench(bench, cfg, base_yaml, train_args).run()
     for r in result["runs"]:
