@@ -226,3 +226,70 @@ def test_fit_models_train_line_publish_mean_and_default_beta():
     assert not same.rollout.beta_fitted
     assert same.rollout.beta == pytest.approx(math.log(1.6) / math.log(4))
     assert LatencyModels.from_dict(m.to_dict()) == m
+
+
+def test_simulate_bench_validates_and_projects(tmp_path):
+    """A bench folder whose runs are the simulator's own output under known
+    models: the fit reproduces every run's wall time, and the projection runs."""
+    import json
+
+    from areal_marlaas.sim.project import format_sim_markdown, simulate_bench
+
+    truth = LatencyModels(
+        RolloutModel(work_s=0.6, beta=0.35, overhead_s=0.5, max_seqs=128),
+        train_intercept_s=9.0,
+        publish_s=0.05,
+    )
+    runs = []
+    for label, mode, n in [
+        ("async", "async", 4),
+        ("sync", "sync", 4),
+        ("sequential", "sequential", 4),
+        ("async_c1", "async", 1),
+        ("async_c2", "async", 2),
+    ]:
+        tasks = [SimTask(f"m_{i}", 2, 16, 32) for i in range(n)]
+        r = simulate(tasks, truth, mode)
+        d = tmp_path / "runs" / label
+        d.mkdir(parents=True)
+        (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in r.events))
+        (d / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in r.steps))
+        runs.append(
+            {
+                "label": label,
+                "mode": mode,
+                "placement": "disaggregated",
+                "tenants": n,
+                "status": "ok",
+                "tasks": [
+                    {
+                        "name": t.name,
+                        "batch_size": 4,
+                        "n_samples": 4,
+                        "max_new_tokens": 32,
+                        "total_steps": 2,
+                        "kv_bytes": 100,
+                    }
+                    for t in tasks
+                ],
+                "metrics": r.metrics(),
+            }
+        )
+    (tmp_path / "bench.json").write_text(
+        json.dumps({"runs": runs, "kv_capacity_bytes": 250, "max_num_seqs": 128})
+    )
+    out = simulate_bench(tmp_path, [1, 8], rollout_devices=2, train_devices=2)
+    assert len(out["validation"]) == 5
+    for row in out["validation"]:
+        assert abs(row["error_pct"]) < 2.0, row
+    fitted = out["models"]["disaggregated"]
+    assert fitted["rollout"]["beta"] == pytest.approx(0.35, abs=0.03)
+    assert fitted["train_intercept_s"] == pytest.approx(9.0)
+    proj = {(r["tenants"], r["mode"]): r for r in out["projection"]}
+    assert set(proj) == {
+        (n, m) for n in (1, 8) for m in ("async", "sync", "sequential", "collocated")
+    }
+    # 2 devices x 250 bytes admit 5 batches of 100 bytes: 8 tenants are held back
+    assert proj[(8, "async")]["admission_holds"] > 0
+    assert proj[(8, "async")]["wall_s"] < proj[(8, "sequential")]["wall_s"]
+    assert "| async | async | 4 |" in format_sim_markdown(out)
