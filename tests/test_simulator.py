@@ -293,3 +293,23 @@ def test_simulate_bench_validates_and_projects(tmp_path):
     assert proj[(8, "async")]["admission_holds"] > 0
     assert proj[(8, "async")]["wall_s"] < proj[(8, "sequential")]["wall_s"]
     assert "| async | async | 4 |" in format_sim_markdown(out)
+
+
+@pytest.mark.parametrize("mode", ["async", "sync", "sequential", "collocated"])
+def test_memoized_core_decides_like_the_plain_core(mode):
+    m = LatencyModels(
+        RolloutModel(work_s=0.3, beta=0.4, overhead_s=0.2, max_seqs=16),
+        train_intercept_s=1.5,
+        train_per_seq_s=0.1,
+        publish_s=0.1,
+    )
+    tasks = [
+        SimTask(f"t{i}", 1 + i % 3, 4 + 4 * (i % 2), kv_bytes=40, priority=i % 2)
+        for i in range(7)
+    ]
+    for kw in ({}, {"kv_budget": 100}, {"max_rolling": 2, "trainers": 2}):
+        fast = simulate(tasks, m, mode, **kw)
+        plain = simulate(tasks, m, mode, fast=False, **kw)
+        assert fast.events == plain.events
+        assert fast.steps == plain.steps
+        assert fast.holds == plain.holds

@@ -80,6 +80,34 @@ class Device:
         return done
 
 
+class _ProjectionCore(SchedulerCore):
+    """The same core, with ``_turn`` memoized within one admission pass: its
+    answers depend only on task versions and phases an admission pass does not
+    change, and without the memo a pass costs O(n^2) (1000 tenants: minutes per
+    mode). tests/test_simulator.py checks it against the plain core."""
+
+    _turn_memo: dict | None = None
+
+    def _admit(self):
+        self._turn_memo = {}
+        try:
+            return super()._admit()
+        finally:
+            self._turn_memo = None
+
+    def _turn(self, task) -> bool:
+        memo = self._turn_memo
+        if memo is None or self.mode == "async":
+            return super()._turn(task)
+        if self.mode == "sync":
+            if task.version not in memo:
+                memo[task.version] = super()._turn(task)
+            return memo[task.version]
+        if "first" not in memo:
+            memo["first"] = min(self._active(), key=lambda t: (-t.priority, t.order))
+        return memo["first"] is task
+
+
 @dataclass
 class SimResult:
     mode: str
@@ -107,11 +135,14 @@ def simulate(
     kv_budget: int | None = None,
     max_rolling: int | None = None,
     record: bool = True,
+    fast: bool = True,
 ) -> SimResult:
-    """Run ``tasks`` to completion under ``mode``; times start at 0."""
-    core = SchedulerCore(
+    """Run ``tasks`` to completion under ``mode``; times start at 0. ``fast``
+    memoizes the core's turn checks (same decisions; see ``_ProjectionCore``)."""
+    core = (_ProjectionCore if fast else SchedulerCore)(
         mode=mode, kv_budget=kv_budget, max_rolling=max_rolling, trainers=trainers
     )
+    unfinished = len(tasks)
     spec = {t.name: t for t in tasks}
     devices = [Device(models.rollout) for _ in range(rollout_devices)]
     timers: list[tuple[float, int, str, str, int]] = []
@@ -155,7 +186,8 @@ def simulate(
                 publish_start[a.task] = now
                 timer(now + models.publish_s, "published", a.task, a.version)
             elif isinstance(a, FinishTask):
-                pass
+                nonlocal unfinished
+                unfinished -= 1
             elif type(a).__name__ == "HoldRollout":
                 result.holds += 1
 
@@ -165,7 +197,7 @@ def simulate(
                 Submitted(t.name, t.steps, kv_bytes=t.kv_bytes, priority=t.priority)
             )
         )
-    while not core.finished():
+    while unfinished > 0:
         t_timer = timers[0][0] if timers else float("inf")
         dt_dev = min((d.next_done() for d in devices), default=float("inf"))
         t_next = min(t_timer, now + dt_dev)
@@ -207,5 +239,6 @@ def simulate(
                 event(task, v, "publish", publish_start[task], now)
                 ready_at[task] = now
                 dispatch(core.handle(PublishDone(task, v)))
+    assert core.finished()
     result.wall_s = now
     return result
