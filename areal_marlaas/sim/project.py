@@ -80,6 +80,7 @@ def fit_placements(
         if not co.beta_fitted and dis.beta_fitted:
             logs = by_placement["collocated"]
             models["collocated"] = fit_models(logs, max_seqs, default_beta=dis.beta)
+            models["collocated"].fit["beta_from"] = "disaggregated"
     return models
 
 
@@ -227,7 +228,14 @@ def format_models(models: dict[str, LatencyModels]) -> str:
         lines.append(
             f"{p}: rollout work {r.work_s:.3f}s/seq (at {r.ref_max_new_tokens} "
             f"new tokens), beta {r.beta:.2f}"
-            f"{'' if r.beta_fitted else ' (not fitted: default)'}, overhead "
+            + (
+                ""
+                if r.beta_fitted
+                else f" (from the {m.fit['beta_from']} fit)"
+                if m.fit.get("beta_from")
+                else " (not identifiable: default)"
+            )
+            + ", overhead "
             f"{r.overhead_s:.2f}s, fit rmse {m.fit.get('rmse_s', 0):.2f}s; train "
             f"{m.train_intercept_s:.2f}s + {m.train_per_seq_s:.3f}s/seq; publish "
             f"{m.publish_s:.2f}s; env {m.env_s:.2f}s"
