@@ -36,6 +36,7 @@ from areal_marlaas.placement import parse_cpus
 from areal_marlaas.rollout.server import MultiLoRAvLLMConfig, RolloutServerConfig
 from areal_marlaas.scheduler.core import MODES
 from areal_marlaas.tasks import KINDS
+from areal_marlaas.tasks.search import SCORER_REWARD_FNS
 
 # Task names become adapter names and folder names: keep them path- and URL-safe.
 TASK_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
@@ -269,7 +270,11 @@ class TaskSpec:
 
     @property
     def reward_fn_path(self) -> str:
-        return self.reward_fn or KINDS[self.kind].reward_fn
+        if self.reward_fn:
+            return self.reward_fn
+        if KINDS[self.kind].needs_search and self.search.scorer in SCORER_REWARD_FNS:
+            return SCORER_REWARD_FNS[self.search.scorer]
+        return KINDS[self.kind].reward_fn
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from areal_marlaas.errors import ConfigError
@@ -60,6 +61,8 @@ def _math(prefix: str) -> Callable[[TaskSpec], list[dict]]:
 
 
 def _wiki_search(spec: TaskSpec) -> list[dict]:
+    if not Path(spec.search.corpus_path).expanduser().is_file():
+        raise ValueError(f"search.corpus_path {spec.search.corpus_path!r} not found")
     rows = load_hotpotqa_rows(
         spec.dataset.path, spec.dataset.split, spec.search.max_tool_calls
     )
@@ -68,8 +71,9 @@ def _wiki_search(spec: TaskSpec) -> list[dict]:
 
 def _search_kwargs(spec: TaskSpec) -> dict:
     s = spec.search
-    kwargs = {
-        "corpus_path": s.corpus_path,
+    return {
+        # Absolute: rollout workers may run in another working directory.
+        "corpus_path": str(Path(s.corpus_path).expanduser().resolve()),
         "top_k": s.top_k,
         "max_tool_calls": s.max_tool_calls,
         "tool_timeout_s": s.tool_timeout_s,
@@ -80,9 +84,6 @@ def _search_kwargs(spec: TaskSpec) -> dict:
         "judge_timeout_s": s.judge_timeout_s,
         "judge_retries": s.judge_retries,
     }
-    if not spec.reward_fn and s.scorer in SCORER_REWARD_FNS:
-        kwargs["reward_fn"] = SCORER_REWARD_FNS[s.scorer]
-    return kwargs
 
 
 KINDS: dict[str, TaskKind] = {

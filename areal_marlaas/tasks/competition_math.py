@@ -31,15 +31,17 @@ def reference_answer(rec: dict) -> str:
 
 
 def load_math_rows(path: str, split: str, prefix: str) -> list[dict]:
-    """Rows from ``{problem, answer | solution}`` records (.json array or .jsonl)."""
-    rows = []
+    """Rows from ``{problem, answer | solution}`` records (.json array or .jsonl);
+    records without a reference answer are skipped (MATH train has a few)."""
+    rows, skipped = [], 0
     for i, rec in enumerate(read_records(path, split)):
         if "problem" not in rec:
             raise ValueError(f"{prefix} record {i} lacks 'problem': {sorted(rec)}")
         try:
             answer = reference_answer(rec)
-        except ValueError as e:
-            raise ValueError(f"{prefix} record {i}: {e}") from e
+        except ValueError:
+            skipped += 1
+            continue
         rows.append(
             {
                 "id": str(rec.get("unique_id", f"{prefix}-{i}")),
@@ -50,6 +52,8 @@ def load_math_rows(path: str, split: str, prefix: str) -> list[dict]:
                 ],
             }
         )
+    if skipped:
+        logger.warning(f"{path}: skipped {skipped} {prefix} records with no answer")
     return rows
 
 
