@@ -92,6 +92,14 @@ class SearchConfig:
     passage_chars: int = field(
         default=300, metadata={"help": "Characters kept per returned passage."}
     )
+    response_prefix: str = field(
+        default="<search>",
+        metadata={
+            "help": "Text the agent's reply starts with (prompt tokens, not "
+            "trained on). '<search>' makes small models that ignore the tag "
+            "format start with a search; '' leaves the first move to the model."
+        },
+    )
     scorer: str = field(
         default="em",
         metadata={"help": f"Final-answer scorer: one of {list(SEARCH_SCORERS)}."},

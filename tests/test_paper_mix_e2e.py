@@ -47,7 +47,7 @@ def test_paper_mix_one_step_each_end_to_end(tmp_path, vllm_server, monkeypatch):
             f"tasks.{i}.total_steps=1",
             f"tasks.{i}.batch_size=1",
             f"tasks.{i}.n_samples=2",
-            f"tasks.{i}.max_new_tokens=48",
+            f"tasks.{i}.max_new_tokens={48 if TASKS[i] == 'wiki' else 32}",
         ]
     cfg, _ = load_config(
         ["--config", str(REPO / "configs" / "paper_mix.yaml"), *overrides]

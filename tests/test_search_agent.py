@@ -376,3 +376,21 @@ def test_real_server_stops_at_stop_string_and_returns_its_tokens(
     assert resp.stop_reason == "stop", text
     assert text.count("</search>") == 1 and text.rstrip().endswith("</search>")
     assert len(resp.output_logprobs) == len(resp.output_tokens)
+
+
+def test_response_prefix_is_masked_prompt_and_starts_the_first_call(
+    tokenizer, corpus_path
+):
+    turns = [" Jaws film director</search>", "<answer>Steven Spielberg</answer>"]
+    engine = ScriptedEngine(tokenizer, turns)
+    wf = make_workflow(tokenizer, corpus_path, response_prefix="<search>")
+    data = row("Who directed Jaws?", "Steven Spielberg")
+
+    traj = run(wf, engine, data)
+
+    prompt = engine.requests[0].input_ids
+    assert tokenizer.decode(prompt).endswith("<search>")
+    mask = traj["loss_mask"][0].bool()
+    assert not mask[: len(prompt)].any()
+    assert traj["input_ids"][0][mask].tolist() == sum(engine.outputs, [])
+    assert wf.outcomes[-1]["tool_calls"] == 1 and traj["rewards"].item() == 1.0

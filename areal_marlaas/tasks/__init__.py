@@ -78,6 +78,7 @@ def _search_kwargs(spec: TaskSpec) -> dict:
         "max_tool_calls": s.max_tool_calls,
         "tool_timeout_s": s.tool_timeout_s,
         "passage_chars": s.passage_chars,
+        "response_prefix": s.response_prefix,
         "scorer": s.scorer,
         "judge_url": s.judge_url,
         "judge_model": s.judge_model,

@@ -110,6 +110,7 @@ class SearchAgentWorkflow(RolloutWorkflow):
         judge_timeout_s: float = 30.0,
         judge_retries: int = 2,
         search_fn: Callable[[str, int], list[Passage]] | str | None = None,
+        response_prefix: str = "",
         enable_thinking: bool = False,
     ):
         if isinstance(tokenizer, str):
@@ -137,6 +138,8 @@ class SearchAgentWorkflow(RolloutWorkflow):
             if scorer == "judge"
             else None
         )
+        # Text the reply starts with (prompt tokens, never trained on).
+        self.response_prefix = response_prefix
         self.enable_thinking = enable_thinking
         # Recent episode outcomes (reward, reason, tool calls), for logs and tests.
         self.outcomes: deque[dict[str, Any]] = deque(maxlen=256)
@@ -193,6 +196,11 @@ class SearchAgentWorkflow(RolloutWorkflow):
             add_generation_prompt=True,
             enable_thinking=self.enable_thinking,
         )
+        prefix = self.response_prefix
+        if prefix:
+            prompt_ids = list(prompt_ids) + self.tokenizer.encode(
+                prefix, add_special_tokens=False
+            )
         seq = list(prompt_ids)
         logprobs = [0.0] * len(seq)
         loss_mask = [0] * len(seq)
@@ -220,6 +228,8 @@ class SearchAgentWorkflow(RolloutWorkflow):
             loss_mask += [1] * len(out)
             versions += list(resp.output_versions)
             text = self.tokenizer.decode(out)
+            if not pieces:
+                text = prefix + text  # the first turn continues the prefix
             pieces.append(text)
             turn = parse_turn(text)
             if turn.kind == "answer":
