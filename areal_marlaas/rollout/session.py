@@ -15,6 +15,7 @@ from areal_marlaas.config import MARLaaSConfig, TaskSpec
 from areal_marlaas.rollout.controller import MultiTaskRolloutController
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.rollout.server import VLLMServer
+from areal_marlaas.tasks import KINDS
 
 logger = logging.getLogger("MARLaaSRolloutSession")
 
@@ -32,14 +33,19 @@ def task_gconfig(task: TaskSpec) -> GenerationHyperparameters:
 
 def task_workflow(task: TaskSpec, tokenizer_path: str) -> tuple[str, dict]:
     """Import path + kwargs of the task's workflow (import strings cross AReaL's RPC
-    boundary; instances would not)."""
+    boundary; instances would not). A kind's own workflow also gets the kind's
+    settings (e.g. the search agent's corpus and tool budget)."""
     kwargs = {
         "task": task.name,
         "reward_fn": task.reward_fn_path,
         "gconfig": task_gconfig(task),
         "tokenizer": tokenizer_path,
     }
-    return task.workflow or WORKFLOW, kwargs
+    kind = KINDS.get(task.kind)
+    path = task.workflow or (kind.workflow if kind else "") or WORKFLOW
+    if kind and kind.workflow_kwargs and path == kind.workflow:
+        kwargs.update(kind.workflow_kwargs(task))
+    return path, kwargs
 
 
 class RolloutSession:
