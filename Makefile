@@ -5,7 +5,7 @@ AREAL_VENV ?= $(or $(MARLAAS_AREAL_VENV),$(CACHE)/venv-areal)
 PY := $(AREAL_VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 
-.PHONY: setup test test-slow lint quickstart bench-rollout bench-learning
+.PHONY: setup test test-slow lint quickstart bench-rollout bench-learning bench simulate
 
 setup:
 	bash scripts/setup.sh
@@ -27,3 +27,12 @@ bench-rollout: setup
 
 bench-learning: setup
 	$(AREAL_VENV)/bin/marlaas bench-learning --config configs/learning.yaml
+
+# Every scheduling mode + ablation + concurrency sweep (extra overrides: BENCH_ARGS).
+bench: setup
+	$(AREAL_VENV)/bin/marlaas bench --config configs/bench.yaml $(BENCH_ARGS)
+
+# Simulator fitted to the bench: validation and projection (SIM_ARGS, e.g.
+# SIM_ARGS="--tenants 1,32,1000 --rollout-devices 8 --train-devices 8").
+simulate: setup
+	$(AREAL_VENV)/bin/marlaas simulate docs/results/bench $(SIM_ARGS)

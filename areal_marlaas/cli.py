@@ -1,4 +1,5 @@
-"""The ``marlaas`` command: train, check, serve, bench-*, report, prepare-model."""
+"""The ``marlaas`` command: train, check, serve, bench, bench-*, simulate, report,
+prepare-model."""
 
 from __future__ import annotations
 
@@ -181,12 +182,34 @@ def _eval_adapters(rest: list[str]) -> int:
     return 0
 
 
+def _bench(rest: list[str]) -> int:
+    """Every scheduling mode, ablations and a concurrency sweep on one workload."""
+    import signal
+
+    from areal_marlaas.bench.suite import Bench, format_result, load_bench_config
+
+    def _terminate(signum, frame):
+        # Unwind, so the server and the running trainer (own sessions) are stopped.
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _terminate)
+    bench, cfg, base_yaml, train_args = load_bench_config(rest)
+    result = Bench(bench, cfg, base_yaml, train_args).run()
+    for r in result["runs"]:
+        print(format_result(r))
+    failed = [r["label"] for r in result["runs"] if r["status"] != "ok"]
+    if failed:
+        print(f"failed runs: {failed}")
+    return 1 if failed and len(failed) == len(result["runs"]) else 0
+
+
 # Commands that take `--config X.yaml [--tasks T.yaml] [key=value ...]`.
 _CONFIG_COMMANDS = {
     "check": _check,
     "train": _train,
     "serve": _serve,
     "rollout": _rollout,
+    "bench": _bench,
     "bench-rollout": _bench_rollout,
     "bench-learning": _bench_learning,
     "eval-adapters": _eval_adapters,
@@ -198,6 +221,63 @@ def _report(args: argparse.Namespace) -> int:
 
     print(format_phase_stats(phase_stats(args.run_dir)))
     return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from areal_marlaas.sim.project import (
+        format_models,
+        format_projection,
+        format_sim_markdown,
+        format_validation,
+        simulate_bench,
+    )
+
+    try:
+        tenants = [int(x) for x in args.tenants.split(",") if x.strip()]
+    except ValueError:
+        print(f"--tenants: expected e.g. 1,32,1000, got {args.tenants!r}")
+        return 2
+    if not tenants or min(tenants) < 1:
+        print(f"--tenants: counts must be >= 1, got {args.tenants!r}")
+        return 2
+    if args.rollout_devices < 1 or args.train_devices < 1:
+        print("--rollout-devices and --train-devices must be >= 1")
+        return 2
+    kv = int(args.kv_budget_gib * 2**30) if args.kv_budget_gib else None
+    try:
+        out = simulate_bench(
+            args.bench,
+            tenants,
+            args.rollout_devices,
+            args.train_devices,
+            kv,
+            args.steps,
+        )
+    except (FileNotFoundError, ValueError) as e:
+        print(f"marlaas simulate: error: {e}", file=sys.stderr)
+        return 2
+    print(format_models({p: _models(m) for p, m in out["models"].items()}))
+    print("\nmeasured vs simulated (each measured configuration):")
+    print(format_validation(out["validation"]))
+    c = out["cluster"]
+    print(
+        f"\nprojection: {c['rollout_devices']} rollout device(s), "
+        f"{c['train_devices']} train device(s), KV budget "
+        f"{(c['kv_budget_per_device'] or 0) / 2**30:.1f} GiB per rollout device:"
+    )
+    print(format_projection(out["projection"]))
+    dest = Path(args.out) if args.out else Path(out["bench"]) / "sim.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(out, indent=1))
+    dest.with_suffix(".md").write_text(format_sim_markdown(out))
+    print(f"wrote {dest} and {dest.with_suffix('.md')}")
+    return 0
+
+
+def _models(d: dict):
+    from areal_marlaas.sim.models import LatencyModels
+
+    return LatencyModels.from_dict(d)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,6 +310,23 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="Time per phase and task of a run directory")
     p.add_argument("run_dir")
     p.set_defaults(fn=_report)
+
+    p = sub.add_parser(
+        "simulate", help="Fit a bench run, validate, project to many tenants"
+    )
+    p.add_argument("bench", help="bench.json or the folder holding it")
+    p.add_argument("--tenants", default="1,32,1000", help="Tenant counts, e.g. 1,32")
+    p.add_argument("--rollout-devices", type=int, default=1)
+    p.add_argument("--train-devices", type=int, default=1)
+    p.add_argument(
+        "--kv-budget-gib",
+        type=float,
+        default=None,
+        help="KV budget per rollout device (default: the bench server's)",
+    )
+    p.add_argument("--steps", type=int, default=None, help="Steps per tenant")
+    p.add_argument("--out", default=None, help="JSON (default: <bench>/sim.json)")
+    p.set_defaults(fn=_simulate)
 
     p = sub.add_parser("make-tiny-model", help="Write a tiny random model for tests")
     p.add_argument("--out", required=True)

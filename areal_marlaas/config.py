@@ -37,6 +37,7 @@ from areal_marlaas.placement import parse_cpus
 from areal_marlaas.rollout.server import MultiLoRAvLLMConfig, RolloutServerConfig
 from areal_marlaas.scheduler.core import MODES
 from areal_marlaas.tasks import KINDS
+from areal_marlaas.tasks.search import SCORER_REWARD_FNS
 
 # Task names become adapter names and folder names: keep them path- and URL-safe.
 TASK_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
@@ -66,6 +67,93 @@ class TaskDatasetConfig:
     )
 
 
+SEARCH_SCORERS = ("em", "f1", "judge")
+
+
+@dataclass
+class SearchConfig:
+    """The search agent's environment (kind wiki_search): a local BM25 corpus,
+    the tool budget and how final answers are scored."""
+
+    corpus_path: str = field(
+        default="",
+        metadata={"help": "jsonl corpus of {id, title, text} passages to search."},
+    )
+    top_k: int = field(default=3, metadata={"help": "Passages returned per search."})
+    max_tool_calls: int = field(
+        default=5, metadata={"help": "Searches allowed per episode; more scores 0."}
+    )
+    tool_timeout_s: float = field(
+        default=10.0,
+        metadata={
+            "help": "Per-search time limit; a timed-out search returns an "
+            "error message to the model."
+        },
+    )
+    passage_chars: int = field(
+        default=300, metadata={"help": "Characters kept per returned passage."}
+    )
+    response_prefix: str = field(
+        default="<search>",
+        metadata={
+            "help": "Text the agent's reply starts with (prompt tokens, not "
+            "trained on). '<search>' makes small models that ignore the tag "
+            "format start with a search; '' leaves the first move to the model."
+        },
+    )
+    scorer: str = field(
+        default="em",
+        metadata={"help": f"Final-answer scorer: one of {list(SEARCH_SCORERS)}."},
+    )
+    judge_url: str = field(
+        default="",
+        metadata={
+            "help": "scorer=judge: OpenAI-compatible endpoint, e.g. "
+            "http://host:port/v1/chat/completions (or /v1/completions)."
+        },
+    )
+    judge_model: str = field(
+        default="", metadata={"help": "scorer=judge: the served model id."}
+    )
+    judge_timeout_s: float = field(
+        default=30.0, metadata={"help": "scorer=judge: per-request timeout."}
+    )
+    judge_retries: int = field(
+        default=2, metadata={"help": "scorer=judge: retries after a failed request."}
+    )
+
+    def check(self, where: str) -> None:
+        """Raise ``ConfigError`` naming the first bad ``search.*`` field."""
+        if self.top_k < 1:
+            raise ConfigError(f"{where}: search.top_k must be >= 1, got {self.top_k}.")
+        if self.max_tool_calls < 0:
+            raise ConfigError(f"{where}: search.max_tool_calls must be >= 0.")
+        if not self.tool_timeout_s > 0:
+            raise ConfigError(f"{where}: search.tool_timeout_s must be > 0.")
+        if self.passage_chars < 1:
+            raise ConfigError(f"{where}: search.passage_chars must be >= 1.")
+        if self.scorer not in SEARCH_SCORERS:
+            raise ConfigError(
+                f"{where}: search.scorer must be one of {list(SEARCH_SCORERS)}, "
+                f"got {self.scorer!r}."
+            )
+        if self.scorer == "judge":
+            if not self.judge_url.startswith(("http://", "https://")):
+                raise ConfigError(
+                    f"{where}: search.scorer=judge needs search.judge_url "
+                    "(http://host:port/v1/chat/completions), got "
+                    f"{self.judge_url!r}."
+                )
+            if not self.judge_model:
+                raise ConfigError(
+                    f"{where}: search.scorer=judge needs search.judge_model."
+                )
+        if not self.judge_timeout_s > 0:
+            raise ConfigError(f"{where}: search.judge_timeout_s must be > 0.")
+        if self.judge_retries < 0:
+            raise ConfigError(f"{where}: search.judge_retries must be >= 0.")
+
+
 @dataclass
 class TaskSpec:
     """One tenant task: its own LoRA adapter, data, reward and GRPO settings."""
@@ -86,6 +174,10 @@ class TaskSpec:
         },
     )
     dataset: TaskDatasetConfig = field(default_factory=TaskDatasetConfig)
+    search: SearchConfig = field(
+        default_factory=SearchConfig,
+        metadata={"help": "Search-agent settings (kind wiki_search)."},
+    )
     reward_fn: str = field(
         default="",
         metadata={
@@ -158,6 +250,12 @@ class TaskSpec:
                 f"{where}: kind {self.kind!r} needs dataset.path (a file, a folder "
                 "with <split>.jsonl, or a hub id)."
             )
+        if self.kind and KINDS[self.kind].needs_search and not self.search.corpus_path:
+            raise ConfigError(
+                f"{where}: kind {self.kind!r} needs search.corpus_path (a jsonl of "
+                "{id, title, text} passages)."
+            )
+        self.search.check(where)
         positive = {
             "batch_size": self.batch_size,
             "max_new_tokens": self.max_new_tokens,
@@ -187,7 +285,11 @@ class TaskSpec:
 
     @property
     def reward_fn_path(self) -> str:
-        return self.reward_fn or KINDS[self.kind].reward_fn
+        if self.reward_fn:
+            return self.reward_fn
+        if KINDS[self.kind].needs_search and self.search.scorer in SCORER_REWARD_FNS:
+            return SCORER_REWARD_FNS[self.search.scorer]
+        return KINDS[self.kind].reward_fn
 
 
 @dataclass

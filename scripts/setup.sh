@@ -42,7 +42,7 @@ vllm_pid=$!
 wait $areal_pid
 wait $vllm_pid
 
-"$areal_venv/bin/pip" install -q --no-deps -e "$here"
+"$areal_venv/bin/pip" install -q -e "$here"
 "$areal_venv/bin/marlaas" prepare-model
 echo "[setup] AReaL venv: $areal_venv"
 echo "[setup] vLLM venv:  $vllm_venv"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -14,9 +15,19 @@ from .conftest import REPO
 pytestmark = pytest.mark.vllm
 
 
+# Rendezvous settings an in-process engine of an earlier test left in this
+# process's environment; a script must pick its own.
+_RANK_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
 def run(argv: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
     return subprocess.run(
-        [sys.executable, *argv], capture_output=True, text=True, timeout=timeout
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 

@@ -3,8 +3,6 @@ the same tokens under the same adapter and temperature."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
@@ -33,8 +31,7 @@ def test_vllm_logprobs_match_trainer_at_sampling_temperature(
     for k, v in dict(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0").items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        monkeypatch.setenv("MASTER_PORT", str(find_free_ports(1)[0]))
+    monkeypatch.setenv("MASTER_PORT", str(find_free_ports(1)[0]))
     cfg, _ = load_config(["--config", str(REPO / "configs" / "quickstart.yaml")])
     trainer = MultiLoRAFSDPPPOActor(cfg.actor)
     trainer.create_process_group()

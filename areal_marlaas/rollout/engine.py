@@ -69,7 +69,16 @@ class AdapterError(RuntimeError):
 
 
 class MultiLoRAVLLMBackend(VLLMBackend):
-    """VLLMBackend plus the adapter unload request AReaL never sends."""
+    """VLLMBackend plus the adapter unload request AReaL never sends, and the
+    stop strings it drops (agent workflows stop on closing tags)."""
+
+    def build_generation_request(
+        self, req: ModelRequest, with_lora: bool, version: int
+    ) -> HttpRequest:
+        http = super().build_generation_request(req, with_lora, version)
+        if req.gconfig.stop:
+            http.payload["stop"] = list(req.gconfig.stop)
+        return http
 
     def build_lora_load_request(self, name: str, path: str | Path) -> HttpRequest:
         return HttpRequest(

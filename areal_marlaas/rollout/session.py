@@ -17,6 +17,7 @@ from areal_marlaas.rollout.controller import MultiTaskRolloutController
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.rollout.server import VLLMServer
 from areal_marlaas.rollout.supervisor import ServerSupervisor, SupervisedRollout
+from areal_marlaas.tasks import KINDS
 
 logger = logging.getLogger("MARLaaSRolloutSession")
 
@@ -36,18 +37,23 @@ def task_workflow(
     task: TaskSpec, tokenizer_path: str, fault: FaultToleranceConfig | None = None
 ) -> tuple[str, dict]:
     """Import path + kwargs of the task's workflow (import strings cross AReaL's RPC
-    boundary; instances would not). With ``fault``, the built-in workflow runs the
-    reward isolated, with the task's reward timeout."""
+    boundary; instances would not). A kind's own workflow also gets the kind's
+    settings (e.g. the search agent's corpus and tool budget). With ``fault``, the
+    built-in RLVR workflow runs the reward isolated, with the task's timeout."""
     kwargs = {
         "task": task.name,
         "reward_fn": task.reward_fn_path,
         "gconfig": task_gconfig(task),
         "tokenizer": tokenizer_path,
     }
-    if fault is not None and not task.workflow:
+    kind = KINDS.get(task.kind)
+    path = task.workflow or (kind.workflow if kind else "") or WORKFLOW
+    if kind and kind.workflow_kwargs and path == kind.workflow:
+        kwargs.update(kind.workflow_kwargs(task))
+    if fault is not None and path == WORKFLOW:
         kwargs["reward_timeout_s"] = task.reward_timeout_s or fault.reward_timeout_s
         kwargs["reward_workers"] = fault.reward_workers
-    return task.workflow or WORKFLOW, kwargs
+    return path, kwargs
 
 
 class RolloutSession:

@@ -8,16 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from areal_marlaas.errors import ConfigError
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
+from areal_marlaas.tasks.competition_math import load_math_rows
 from areal_marlaas.tasks.gsm8k import load_gsm8k_rows
+from areal_marlaas.tasks.search import SCORER_REWARD_FNS, load_hotpotqa_rows
 
 if TYPE_CHECKING:
     from areal_marlaas.config import TaskSpec
 
 NUMERIC_REWARD = "areal_marlaas.tasks.rewards.numeric_answer_reward_fn"
+MATH_REWARD = "areal_marlaas.tasks.competition_math.math_verify_reward_fn"
+SEARCH_WORKFLOW = "areal_marlaas.workflows.search_agent.SearchAgentWorkflow"
 DEFAULT_SYNTHETIC_SIZE = 1024
 
 
@@ -27,6 +32,11 @@ class TaskKind:
     reward_fn: str
     needs_path: bool
     load: Callable[[TaskSpec], list[dict]]
+    # Default workflow (import path; "" = the single-turn RLVR workflow) and the
+    # kind-specific kwargs it takes beyond task/reward_fn/gconfig/tokenizer.
+    workflow: str = ""
+    workflow_kwargs: Callable[[TaskSpec], dict] | None = None
+    needs_search: bool = False
 
 
 def _arithmetic(op: str) -> Callable[[TaskSpec], list[dict]]:
@@ -42,12 +52,58 @@ def _gsm8k(spec: TaskSpec) -> list[dict]:
     return rows[: spec.dataset.size] if spec.dataset.size else rows
 
 
+def _math(prefix: str) -> Callable[[TaskSpec], list[dict]]:
+    def load(spec: TaskSpec) -> list[dict]:
+        rows = load_math_rows(spec.dataset.path, spec.dataset.split, prefix)
+        return rows[: spec.dataset.size] if spec.dataset.size else rows
+
+    return load
+
+
+def _wiki_search(spec: TaskSpec) -> list[dict]:
+    if not Path(spec.search.corpus_path).expanduser().is_file():
+        raise ValueError(f"search.corpus_path {spec.search.corpus_path!r} not found")
+    rows = load_hotpotqa_rows(
+        spec.dataset.path, spec.dataset.split, spec.search.max_tool_calls
+    )
+    return rows[: spec.dataset.size] if spec.dataset.size else rows
+
+
+def _search_kwargs(spec: TaskSpec) -> dict:
+    s = spec.search
+    return {
+        # Absolute: rollout workers may run in another working directory.
+        "corpus_path": str(Path(s.corpus_path).expanduser().resolve()),
+        "top_k": s.top_k,
+        "max_tool_calls": s.max_tool_calls,
+        "tool_timeout_s": s.tool_timeout_s,
+        "passage_chars": s.passage_chars,
+        "response_prefix": s.response_prefix,
+        "scorer": s.scorer,
+        "judge_url": s.judge_url,
+        "judge_model": s.judge_model,
+        "judge_timeout_s": s.judge_timeout_s,
+        "judge_retries": s.judge_retries,
+    }
+
+
 KINDS: dict[str, TaskKind] = {
     "addition": TaskKind("addition", NUMERIC_REWARD, False, _arithmetic("addition")),
     "multiplication": TaskKind(
         "multiplication", NUMERIC_REWARD, False, _arithmetic("multiplication")
     ),
     "gsm8k": TaskKind("gsm8k", NUMERIC_REWARD, True, _gsm8k),
+    "amc": TaskKind("amc", MATH_REWARD, True, _math("amc")),
+    "math": TaskKind("math", MATH_REWARD, True, _math("math")),
+    "wiki_search": TaskKind(
+        "wiki_search",
+        SCORER_REWARD_FNS["em"],
+        True,
+        _wiki_search,
+        workflow=SEARCH_WORKFLOW,
+        workflow_kwargs=_search_kwargs,
+        needs_search=True,
+    ),
 }
 
 

@@ -40,13 +40,29 @@ def run_dir(cfg: MARLaaSConfig) -> Path:
     return Path(cfg.cluster.fileroot) / cfg.experiment_name / cfg.trial_name
 
 
+def _port_free(host: str, port: str) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, int(port)))
+        except (OSError, ValueError):
+            return False
+    return True
+
+
 def single_rank_env() -> None:
     """The in-process FSDP engine is one rank of a one-rank gloo/nccl group."""
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(find_free_ports(1)[0]))
+    # As rank 0 of a one-rank group we host the store: a port inherited from an
+    # earlier engine (this process's or a parent's) may still be held, so only a
+    # free one is kept.
+    port = os.environ.get("MASTER_PORT", "")
+    if not port or not _port_free(os.environ["MASTER_ADDR"], port):
+        os.environ["MASTER_PORT"] = str(find_free_ports(1)[0])
 
 
 def add_tenant(

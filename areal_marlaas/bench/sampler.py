@@ -1,0 +1,95 @@
+"""A background thread that samples device utilization while a bench run goes:
+CPU time of the server's and the trainer's process trees, and the server's
+``vllm:num_requests_running`` gauge."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psutil
+from areal.utils import logging
+
+from areal_marlaas.rollout.metrics import scrape
+
+logger = logging.getLogger("MARLaaSBenchSampler")
+
+
+def tree_cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of ``pid`` and its live descendants (threads
+    included; a descendant that already exited is no longer counted, so the
+    bench keeps the long-lived processes: vLLM's API server and engine core, the
+    trainer)."""
+    if pid is None:
+        return 0.0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
+class UtilizationSampler:
+    """``start()`` / ``stop()`` around a run; ``samples`` holds ``{"t",
+    "server_cpu", "trainer_cpu", "running", "waiting"}`` (CPU cumulative)."""
+
+    def __init__(
+        self,
+        server_pid: int | None,
+        trainer_pid: int | None,
+        address: str | None,
+        interval_s: float = 0.5,
+    ):
+        self.server_pid = server_pid
+        self.trainer_pid = trainer_pid
+        self.address = address
+        self.interval_s = interval_s
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._scrape_errors = 0
+
+    def sample(self) -> dict[str, Any]:
+        s: dict[str, Any] = {
+            "t": time.time(),
+            "server_cpu": tree_cpu_seconds(self.server_pid),
+            "trainer_cpu": tree_cpu_seconds(self.trainer_pid),
+        }
+        if self.address:
+            try:
+                m = scrape(self.address, timeout=2.0)
+                s["running"] = m.requests_running
+                s["waiting"] = m.requests_waiting
+            except Exception:  # a slow /metrics must not stop the sampling
+                self._scrape_errors += 1
+        return s
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            self.samples.append(self.sample())
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - t0)))
+
+    def start(self) -> UtilizationSampler:
+        self._thread = threading.Thread(
+            target=self._loop, name="marlaas-bench-sampler", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self._scrape_errors:
+            logger.warning(f"{self._scrape_errors} /metrics scrapes failed")
+        return self.samples

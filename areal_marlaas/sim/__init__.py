@@ -1,0 +1,1 @@
+"""Discrete-event simulation of the scheduling core at cluster scale."""

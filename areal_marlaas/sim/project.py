@@ -1,0 +1,329 @@
+"""``marlaas simulate``: fit latency models to a bench run, check the simulator
+against every measured configuration, then project to many tenants on a
+modelled cluster."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from areal_marlaas.manager.store import read_jsonl
+from areal_marlaas.sim.models import LatencyModels, RunLog, fit_models
+from areal_marlaas.sim.simulator import SimTask, simulate
+
+PROJECTION_MODES = ("async", "sync", "sequential", "collocated")
+
+
+def load_bench(path: str | Path) -> tuple[dict[str, Any], Path]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "bench.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no bench.json (run `marlaas bench` first)")
+    return json.loads(path.read_text()), path.parent
+
+
+def _ok_runs(result: dict[str, Any], root: Path) -> list[tuple[dict, list, list]]:
+    out = []
+    for r in result["runs"]:
+        if r.get("status") != "ok":
+            continue
+        d = root / "runs" / r["label"]
+        events = read_jsonl(d / "events.jsonl")
+        if events:
+            out.append((r, events, read_jsonl(d / "steps.jsonl")))
+    return out
+
+
+def sim_tasks(run: dict[str, Any]) -> list[SimTask]:
+    return [
+        SimTask(
+            t["name"],
+            t["total_steps"],
+            t["batch_size"] * t["n_samples"],
+            t.get("max_new_tokens"),
+            t.get("kv_bytes", 0),
+            t.get("priority", 0),
+        )
+        for t in run["tasks"]
+    ]
+
+
+def run_log(run: dict[str, Any], events: list, steps: list) -> RunLog:
+    seqs = {t["name"]: t["batch_size"] * t["n_samples"] for t in run["tasks"]}
+    # The sequences that came back (failed requests are dropped) where known.
+    got: dict[str, list[int]] = {}
+    for s in steps:
+        if s.get("n_trajectories"):
+            got.setdefault(s["task"], []).append(s["n_trajectories"])
+    for task, ns in got.items():
+        seqs[task] = round(statistics.fmean(ns))
+    return RunLog(
+        events, seqs, {t["name"]: t.get("max_new_tokens") for t in run["tasks"]}
+    )
+
+
+def fit_placements(
+    result: dict[str, Any], root: Path, max_seqs: int | None = None
+) -> dict[str, LatencyModels]:
+    """One model set per placement, from all of its successful runs."""
+    by_placement: dict[str, list[RunLog]] = {}
+    for r, events, steps in _ok_runs(result, root):
+        by_placement.setdefault(r["placement"], []).append(run_log(r, events, steps))
+    models = {p: fit_models(logs, max_seqs) for p, logs in by_placement.items()}
+    # Collocated runs are one task at a time: they cannot show batching gains,
+    # so they borrow beta from the disaggregated fit when it has one.
+    if "collocated" in models and "disaggregated" in models:
+        co, dis = models["collocated"].rollout, models["disaggregated"].rollout
+        if not co.beta_fitted and dis.beta_fitted:
+            logs = by_placement["collocated"]
+            models["collocated"] = fit_models(logs, max_seqs, default_beta=dis.beta)
+            models["collocated"].fit["beta_from"] = "disaggregated"
+    return models
+
+
+def _max_rolling(run: dict[str, Any]) -> int | None:
+    off = str(run.get("overrides", {}).get("scheduler.multi_lora", "")).lower()
+    return 1 if off == "false" else None
+
+
+def validate(
+    result: dict[str, Any], root: Path, models: dict[str, LatencyModels]
+) -> list[dict[str, Any]]:
+    """Simulate each measured run with its placement's models."""
+    rows = []
+    for r, _, _ in _ok_runs(result, root):
+        m = models.get(r["placement"])
+        if m is None:
+            continue
+        sim = simulate(sim_tasks(r), m, r["mode"], max_rolling=_max_rolling(r))
+        measured = r["metrics"]["wall_s"]
+        sm = sim.metrics()
+        rows.append(
+            {
+                "label": r["label"],
+                "mode": r["mode"],
+                "placement": r["placement"],
+                "tenants": r["tenants"],
+                "measured_wall_s": measured,
+                "simulated_wall_s": sim.wall_s,
+                "error_pct": 100 * (sim.wall_s - measured) / measured,
+                "measured_steps_per_hour": r["metrics"]["train_steps_per_hour"],
+                "simulated_steps_per_hour": sim.train_steps_per_hour,
+                "measured_ttfs_p50_s": r["metrics"].get("ttfs_p50_s"),
+                "simulated_ttfs_p50_s": sm.get("ttfs_p50_s"),
+                "measured_tpts_p50_s": r["metrics"].get("tpts_p50_s"),
+                "simulated_tpts_p50_s": sm.get("tpts_p50_s"),
+            }
+        )
+    return rows
+
+
+def template_task(result: dict[str, Any]) -> dict[str, Any]:
+    runs = [r for r in result["runs"] if r.get("tasks")]
+    if not runs:
+        raise ValueError("bench.json has no run with tasks")
+    return runs[0]["tasks"][0]
+
+
+def project(
+    result: dict[str, Any],
+    models: dict[str, LatencyModels],
+    tenants: list[int],
+    rollout_devices: int = 1,
+    train_devices: int = 1,
+    kv_budget_per_device: int | None = None,
+    steps: int | None = None,
+    modes: tuple[str, ...] = PROJECTION_MODES,
+) -> list[dict[str, Any]]:
+    """Replicas of the bench's first task on the modelled cluster. ``collocated``
+    uses the collocated fit (rollout and training sharing the devices, one task
+    at a time); the others the disaggregated fit."""
+    t = template_task(result)
+    budget = kv_budget_per_device * rollout_devices if kv_budget_per_device else None
+    rows = []
+    for n in tenants:
+        tasks = [
+            SimTask(
+                f"t{i}",
+                steps or t["total_steps"],
+                t["batch_size"] * t["n_samples"],
+                t.get("max_new_tokens"),
+                t.get("kv_bytes", 0),
+            )
+            for i in range(n)
+        ]
+        for mode in modes:
+            placement = "collocated" if mode == "collocated" else "disaggregated"
+            m = models.get(placement) or models.get("disaggregated")
+            if m is None:
+                continue
+            sim = simulate(
+                tasks,
+                m,
+                mode,
+                rollout_devices=rollout_devices,
+                trainers=train_devices,
+                kv_budget=budget,
+            )
+            met = sim.metrics()
+            rows.append(
+                {
+                    "tenants": n,
+                    "mode": mode,
+                    "wall_s": sim.wall_s,
+                    "train_steps_per_hour": sim.train_steps_per_hour,
+                    "ttfs_p50_s": met.get("ttfs_p50_s"),
+                    "ttfs_max_s": met.get("ttfs_max_s"),
+                    "tpts_p50_s": met.get("tpts_p50_s"),
+                    "train_busy": met.get("train_busy_events"),
+                    "admission_holds": sim.holds,
+                }
+            )
+    return rows
+
+
+def format_validation(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"{'run':<24} {'mode':<11} {'tenants':>7} {'measured_s':>10} "
+        f"{'simulated_s':>11} {'error':>7}"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['label']:<24} {r['mode']:<11} {r['tenants']:>7} "
+            f"{r['measured_wall_s']:>10.1f} {r['simulated_wall_s']:>11.1f} "
+            f"{r['error_pct']:>+6.1f}%"
+        )
+    if rows:
+        worst = max(abs(r["error_pct"]) for r in rows)
+        mean = statistics.fmean(abs(r["error_pct"]) for r in rows)
+        lines.append(f"|error| mean {mean:.1f}%, max {worst:.1f}%")
+    return "\n".join(lines)
+
+
+def format_projection(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"{'tenants':>7} {'mode':<11} {'wall_s':>10} {'steps/h':>10} "
+        f"{'TTFS p50':>9} {'TPTS p50':>9} {'holds':>6}"
+    ]
+
+    def f(v):
+        return f"{v:.1f}" if v is not None else "-"
+
+    for r in rows:
+        lines.append(
+            f"{r['tenants']:>7} {r['mode']:<11} {r['wall_s']:>10.1f} "
+            f"{r['train_steps_per_hour']:>10.1f} {f(r['ttfs_p50_s']):>9} "
+            f"{f(r['tpts_p50_s']):>9} {r['admission_holds']:>6}"
+        )
+    return "\n".join(lines)
+
+
+def format_models(models: dict[str, LatencyModels]) -> str:
+    lines = []
+    for p, m in models.items():
+        r = m.rollout
+        lines.append(
+            f"{p}: rollout work {r.work_s:.3f}s/seq (at {r.ref_max_new_tokens} "
+            f"new tokens), beta {r.beta:.2f}"
+            + (
+                ""
+                if r.beta_fitted
+                else f" (from the {m.fit['beta_from']} fit)"
+                if m.fit.get("beta_from")
+                else " (not identifiable: default)"
+            )
+            + ", overhead "
+            f"{r.overhead_s:.2f}s, fit rmse {m.fit.get('rmse_s', 0):.2f}s; train "
+            f"{m.train_intercept_s:.2f}s + {m.train_per_seq_s:.3f}s/seq; publish "
+            f"{m.publish_s:.2f}s; env {m.env_s:.2f}s"
+        )
+    return "\n".join(lines)
+
+
+def simulate_bench(
+    path: str | Path,
+    tenants: list[int],
+    rollout_devices: int = 1,
+    train_devices: int = 1,
+    kv_budget_per_device: int | None = None,
+    steps: int | None = None,
+) -> dict[str, Any]:
+    result, root = load_bench(path)
+    max_seqs = result.get("max_num_seqs")
+    models = fit_placements(result, root, max_seqs)
+    if not models:
+        raise ValueError(f"{root}: no successful run to fit the models to")
+    if kv_budget_per_device is None:
+        kv_budget_per_device = result.get("kv_capacity_bytes")
+    rows = validate(result, root, models)
+    proj = project(
+        result,
+        models,
+        tenants,
+        rollout_devices,
+        train_devices,
+        kv_budget_per_device,
+        steps,
+    )
+    return {
+        "bench": str(root),
+        "models": {p: m.to_dict() for p, m in models.items()},
+        "validation": rows,
+        "cluster": {
+            "rollout_devices": rollout_devices,
+            "train_devices": train_devices,
+            "kv_budget_per_device": kv_budget_per_device,
+        },
+        "projection": proj,
+    }
+
+
+def format_sim_markdown(out: dict[str, Any]) -> str:
+    c = out["cluster"]
+    lines = [
+        "# marlaas simulate",
+        "",
+        "Latency models fitted to the bench's runs (per placement):",
+        "",
+        "```",
+        format_models(
+            {p: LatencyModels.from_dict(m) for p, m in out["models"].items()}
+        ),
+        "```",
+        "",
+        "## Measured vs simulated wall time",
+        "",
+        "| run | mode | tenants | measured s | simulated s | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in out["validation"]:
+        lines.append(
+            f"| {r['label']} | {r['mode']} | {r['tenants']} | "
+            f"{r['measured_wall_s']:.1f} | {r['simulated_wall_s']:.1f} | "
+            f"{r['error_pct']:+.1f}% |"
+        )
+    kv = c["kv_budget_per_device"]
+    lines += [
+        "",
+        f"## Projection: {c['rollout_devices']} rollout device(s), "
+        f"{c['train_devices']} train device(s), KV budget "
+        + (f"{kv / 2**30:.1f} GiB" if kv else "unlimited")
+        + " per rollout device",
+        "",
+        "| tenants | mode | wall s | steps/h | TTFS p50 s | TPTS p50 s | holds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def f(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    for r in out["projection"]:
+        lines.append(
+            f"| {r['tenants']} | {r['mode']} | {r['wall_s']:.1f} | "
+            f"{r['train_steps_per_hour']:.1f} | {f(r['ttfs_p50_s'])} | "
+            f"{f(r['tpts_p50_s'])} | {r['admission_holds']} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,244 @@
+"""A discrete-event simulator that drives the real ``SchedulerCore`` with modelled
+phase latencies instead of a server and a trainer.
+
+Rollouts run on ``rollout_devices`` processor-sharing servers (``RolloutModel``;
+a new batch goes to the device with the fewest sequences in flight); the core's
+``trainers`` train slots each take ``LatencyModels.train_s``; publish and env
+are fixed delays. The simulator writes the same phase records and step records
+a real run does, so the bench's metrics apply to it unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from areal_marlaas.bench.metrics import run_metrics
+from areal_marlaas.scheduler.core import (
+    FinishTask,
+    PublishDone,
+    RolloutDone,
+    SchedulerCore,
+    StartPublish,
+    StartRollout,
+    StartTrain,
+    Submitted,
+    TrainDone,
+)
+from areal_marlaas.sim.models import LatencyModels
+
+EPS = 1e-9
+
+
+@dataclass
+class SimTask:
+    name: str
+    steps: int
+    seqs: int  # sequences per rollout batch (batch_size x n_samples)
+    max_new_tokens: int | None = None
+    kv_bytes: int = 0
+    priority: int = 0
+
+
+class Device:
+    """A processor-sharing rollout server. Every sequence in flight progresses at
+    the same rate, so one virtual clock (work served per sequence) and a heap of
+    finishing points make each event O(log n)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.virtual = 0.0
+        self.seqs = 0
+        self.jobs: list[tuple[float, int, str, int]] = []
+        self._order = itertools.count()
+
+    def rate(self) -> float:
+        return self.model.rate_per_seq(self.seqs)
+
+    def add(self, task: str, seqs: int, work: float) -> None:
+        heapq.heappush(self.jobs, (self.virtual + work, next(self._order), task, seqs))
+        self.seqs += seqs
+
+    def next_done(self) -> float:
+        """Seconds until the next batch finishes (inf when idle)."""
+        if not self.jobs:
+            return float("inf")
+        return max(0.0, self.jobs[0][0] - self.virtual) / self.rate()
+
+    def advance(self, dt: float) -> None:
+        if self.jobs:
+            self.virtual += self.rate() * dt
+
+    def pop_done(self) -> list[str]:
+        done = []
+        while self.jobs and self.jobs[0][0] <= self.virtual + EPS:
+            _, _, task, seqs = heapq.heappop(self.jobs)
+            self.seqs -= seqs
+            done.append(task)
+        return done
+
+
+class _ProjectionCore(SchedulerCore):
+    """The same core, with ``_turn`` memoized within one admission pass: its
+    answers depend only on task versions and phases an admission pass does not
+    change, and without the memo a pass costs O(n^2) (1000 tenants: minutes per
+    mode). tests/test_simulator.py checks it against the plain core."""
+
+    _turn_memo: dict | None = None
+
+    def _admit(self):
+        self._turn_memo = {}
+        try:
+            return super()._admit()
+        finally:
+            self._turn_memo = None
+
+    def _turn(self, task) -> bool:
+        memo = self._turn_memo
+        if memo is None or self.mode == "async":
+            return super()._turn(task)
+        if self.mode == "sync":
+            if task.version not in memo:
+                memo[task.version] = super()._turn(task)
+            return memo[task.version]
+        if "first" not in memo:
+            memo["first"] = min(self._active(), key=lambda t: (-t.priority, t.order))
+        return memo["first"] is task
+
+
+@dataclass
+class SimResult:
+    mode: str
+    wall_s: float
+    events: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    holds: int = 0
+
+    @property
+    def train_steps_per_hour(self) -> float:
+        return len(self.steps) / self.wall_s * 3600 if self.wall_s > 0 else 0.0
+
+    def metrics(self) -> dict[str, Any]:
+        return run_metrics(
+            {"events": self.events, "steps": self.steps, "summary": {}}, None
+        )
+
+
+def simulate(
+    tasks: list[SimTask],
+    models: LatencyModels,
+    mode: str = "async",
+    rollout_devices: int = 1,
+    trainers: int = 1,
+    kv_budget: int | None = None,
+    max_rolling: int | None = None,
+    record: bool = True,
+    fast: bool = True,
+) -> SimResult:
+    """Run ``tasks`` to completion under ``mode``; times start at 0. ``fast``
+    memoizes the core's turn checks (same decisions; see ``_ProjectionCore``)."""
+    core = (_ProjectionCore if fast else SchedulerCore)(
+        mode=mode, kv_budget=kv_budget, max_rolling=max_rolling, trainers=trainers
+    )
+    unfinished = len(tasks)
+    spec = {t.name: t for t in tasks}
+    devices = [Device(models.rollout) for _ in range(rollout_devices)]
+    timers: list[tuple[float, int, str, str, int]] = []
+    order = itertools.count()
+    now = 0.0
+    result = SimResult(mode, 0.0)
+    rollout_start: dict[str, float] = {}
+    rollout_end: dict[str, float] = {}
+    train_start: dict[str, float] = {}
+    publish_start: dict[str, float] = {}
+    version: dict[str, int] = {}
+    ready_at: dict[str, float] = {t.name: 0.0 for t in tasks}
+
+    def timer(at: float, kind: str, task: str, v: int) -> None:
+        heapq.heappush(timers, (at, next(order), kind, task, v))
+
+    def event(task: str, v: int, phase: str, start: float, end: float) -> None:
+        if record:
+            result.events.append(
+                {"task": task, "version": v, "phase": phase, "start": start, "end": end}
+            )
+
+    def dispatch(actions) -> None:
+        for a in actions:
+            if isinstance(a, StartRollout):
+                if now > ready_at[a.task] + EPS:  # held: admission, barrier, turn
+                    event(a.task, a.version, "wait", ready_at[a.task], now)
+                rollout_start[a.task] = now
+                version[a.task] = a.version
+                timer(now + models.rollout.overhead_s, "serve", a.task, a.version)
+            elif isinstance(a, StartTrain):
+                train_start[a.task] = now
+                event(a.task, a.version, "queue", rollout_end[a.task], now)
+                timer(
+                    now + models.train_s(spec[a.task].seqs),
+                    "trained",
+                    a.task,
+                    a.version + 1,
+                )
+            elif isinstance(a, StartPublish):
+                publish_start[a.task] = now
+                timer(now + models.publish_s, "published", a.task, a.version)
+            elif isinstance(a, FinishTask):
+                nonlocal unfinished
+                unfinished -= 1
+            elif type(a).__name__ == "HoldRollout":
+                result.holds += 1
+
+    for t in tasks:
+        dispatch(
+            core.handle(
+                Submitted(t.name, t.steps, kv_bytes=t.kv_bytes, priority=t.priority)
+            )
+        )
+    while unfinished > 0:
+        t_timer = timers[0][0] if timers else float("inf")
+        dt_dev = min((d.next_done() for d in devices), default=float("inf"))
+        t_next = min(t_timer, now + dt_dev)
+        if t_next == float("inf"):
+            raise RuntimeError(
+                "simulation stalled: nothing in flight but tasks unfinished "
+                f"({ {n: s.phase.value for n, s in core.tasks.items()} })"
+            )
+        for d in devices:
+            d.advance(t_next - now)
+        now = t_next
+        for d in devices:
+            for task in d.pop_done():
+                timer(now + models.env_s, "rolled", task, version[task])
+                if models.env_s > 0:
+                    event(task, version[task], "env", now, now + models.env_s)
+        while timers and timers[0][0] <= now + EPS:
+            _, _, kind, task, v = heapq.heappop(timers)
+            if kind == "serve":
+                dev = min(devices, key=lambda d: d.seqs)
+                s = spec[task]
+                dev.add(task, s.seqs, models.rollout.work_of(s.max_new_tokens))
+            elif kind == "rolled":
+                rollout_end[task] = now
+                event(task, v, "rollout", rollout_start[task], now)
+                dispatch(core.handle(RolloutDone(task, v)))
+            elif kind == "trained":
+                event(task, v - 1, "train", train_start[task], now)
+                result.steps.append(
+                    {
+                        "task": task,
+                        "version": v,
+                        "t_commit": now,
+                        "n_trajectories": spec[task].seqs,
+                    }
+                )
+                dispatch(core.handle(TrainDone(task, v)))
+            elif kind == "published":
+                event(task, v, "publish", publish_start[task], now)
+                ready_at[task] = now
+                dispatch(core.handle(PublishDone(task, v)))
+    assert core.finished()
+    result.wall_s = now
+    return result

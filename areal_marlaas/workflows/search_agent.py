@@ -1,0 +1,299 @@
+"""Multi-turn search agent: the policy reasons, calls ``<search>query</search>``,
+reads ``<information>...</information>`` from a local BM25 index and ends with
+``<answer>...</answer>``.
+
+The trajectory is AReaL's RLVR layout (``input_ids``, ``loss_mask``, ``logprobs``,
+``versions``, ``attention_mask`` as [1, L], ``rewards`` as [1]) plus ``task``, so
+the trainer takes it unchanged. Generated tokens are kept exactly as the server
+returned them; tool-output tokens are appended with loss_mask 0, logprob 0 and
+version -1, so only the policy's own tokens are trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from areal import workflow_context
+from areal.api.cli_args import GenerationHyperparameters
+from areal.api.io_struct import ModelRequest
+from areal.api.reward_api import AsyncRewardWrapper
+from areal.api.workflow_api import RolloutWorkflow
+from areal.utils import logging, stats_tracker
+from areal.utils.dynamic_import import import_from_string
+from areal.utils.hf_utils import apply_chat_template, load_hf_tokenizer
+from transformers import PreTrainedTokenizerFast
+
+from areal_marlaas.tasks.judge import JudgeClient
+from areal_marlaas.tasks.search import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    INFO_CLOSE,
+    INFO_OPEN,
+    SEARCH_CLOSE,
+    SEARCH_OPEN,
+    Passage,
+    format_passages,
+    get_index,
+)
+from areal_marlaas.workflows.rlvr import generated_versions
+
+logger = logging.getLogger("MARLaaSSearchAgent")
+
+STOP_STRINGS = (SEARCH_CLOSE, ANSWER_CLOSE)
+# Searches run here, off the event loop, so tool time overlaps other requests.
+_TOOL_POOL = ThreadPoolExecutor(8, thread_name_prefix="marlaas-search")
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What one generated turn asks for: kind is search, answer or error."""
+
+    kind: str
+    value: str = ""
+
+
+def parse_turn(text: str) -> Turn:
+    """Read one turn; generation stops at the first ``</search>``/``</answer>``."""
+    s_end, a_end = text.find(SEARCH_CLOSE), text.find(ANSWER_CLOSE)
+    if s_end != -1 and (a_end == -1 or s_end < a_end):
+        start = text.rfind(SEARCH_OPEN, 0, s_end)
+        if start == -1:
+            return Turn("error", "</search> without <search>")
+        query = text[start + len(SEARCH_OPEN) : s_end].strip()
+        return Turn("search", query) if query else Turn("error", "empty search query")
+    if a_end != -1:
+        start = text.rfind(ANSWER_OPEN, 0, a_end)
+        if start == -1:
+            return Turn("error", "</answer> without <answer>")
+        answer = text[start + len(ANSWER_OPEN) : a_end].strip()
+        return Turn("answer", answer) if answer else Turn("error", "empty answer")
+    last_search, last_answer = text.rfind(SEARCH_OPEN), text.rfind(ANSWER_OPEN)
+    if last_search > last_answer:
+        return Turn("error", "unclosed <search> tag")
+    if last_answer != -1:
+        return Turn("error", "unclosed <answer> tag")
+    return Turn("error", "no answer (no <search> or <answer> tag)")
+
+
+def information_text(body: str) -> str:
+    return f"\n{INFO_OPEN}\n{body}\n{INFO_CLOSE}\n"
+
+
+class SearchAgentWorkflow(RolloutWorkflow):
+    """One task's search agent; requests route to the task's adapter.
+
+    ``gconfig.max_new_tokens`` is the episode's response budget: generated and
+    tool tokens together, so prompt + response fits the task's KV estimate.
+    """
+
+    def __init__(
+        self,
+        task: str,
+        reward_fn: Callable[..., Any] | str,
+        gconfig: GenerationHyperparameters,
+        tokenizer: PreTrainedTokenizerFast | str,
+        corpus_path: str = "",
+        top_k: int = 3,
+        max_tool_calls: int = 5,
+        tool_timeout_s: float = 10.0,
+        passage_chars: int = 300,
+        scorer: str = "em",
+        judge_url: str = "",
+        judge_model: str = "",
+        judge_timeout_s: float = 30.0,
+        judge_retries: int = 2,
+        search_fn: Callable[[str, int], list[Passage]] | str | None = None,
+        response_prefix: str = "",
+        enable_thinking: bool = False,
+    ):
+        if isinstance(tokenizer, str):
+            tokenizer = load_hf_tokenizer(tokenizer)
+        self.tokenizer = tokenizer
+        self.task = task
+        stop = list(dict.fromkeys([*(gconfig.stop or []), *STOP_STRINGS]))
+        self.gconfig = gconfig.new(lora_name=task, stop=stop)
+        self.gconfig = self.gconfig.new_with_stop_and_pad_token_ids(tokenizer)
+        self.reward_fn = reward_fn
+        self.async_reward_fn = None
+        if not corpus_path and search_fn is None:
+            raise ValueError("SearchAgentWorkflow needs corpus_path or search_fn")
+        self.corpus_path = corpus_path
+        if isinstance(search_fn, str):
+            search_fn = import_from_string(search_fn)
+        self.search_fn = search_fn
+        self.top_k = top_k
+        self.max_tool_calls = max_tool_calls
+        self.tool_timeout_s = tool_timeout_s
+        self.passage_chars = passage_chars
+        self.scorer = scorer
+        self.judge = (
+            JudgeClient(judge_url, judge_model, judge_timeout_s, judge_retries)
+            if scorer == "judge"
+            else None
+        )
+        # Text the reply starts with (prompt tokens, never trained on).
+        self.response_prefix = response_prefix
+        self.enable_thinking = enable_thinking
+        # Recent episode outcomes (reward, reason, tool calls), for logs and tests.
+        self.outcomes: deque[dict[str, Any]] = deque(maxlen=256)
+
+    # -- tools ------------------------------------------------------------------
+    async def _search_fn(self) -> Callable[[str, int], list[Passage]]:
+        if self.search_fn is None:
+            # Built once per corpus and process, outside the per-search timeout.
+            index = await asyncio.to_thread(get_index, self.corpus_path)
+            self.search_fn = index.search
+        return self.search_fn
+
+    async def search(self, query: str) -> tuple[str, str]:
+        """The tool's reply text and, on a timeout or error, why it failed."""
+        fn = await self._search_fn()
+        loop = asyncio.get_running_loop()
+        try:
+            passages = await asyncio.wait_for(
+                loop.run_in_executor(_TOOL_POOL, fn, query, self.top_k),
+                timeout=self.tool_timeout_s,
+            )
+        except TimeoutError:
+            return "Search timed out.", f"search timed out after {self.tool_timeout_s}s"
+        except Exception as e:  # a broken tool must not end the run
+            logger.warning(f"task {self.task}: search {query!r} failed: {e}")
+            return "Search failed.", f"search error: {type(e).__name__}: {e}"
+        return format_passages(passages, self.passage_chars), ""
+
+    # -- scoring ----------------------------------------------------------------
+    async def score(
+        self, data: dict[str, Any], answer: str, prompt: str, completion: str, ids
+    ) -> tuple[float, str]:
+        if self.judge is not None:
+            result = await self.judge.score(
+                str(data.get("question", "")), str(data.get("answer", "")), answer
+            )
+            return result.score, result.reason
+        if self.async_reward_fn is None:
+            fn = self.reward_fn
+            fn = import_from_string(fn) if isinstance(fn, str) else fn
+            self.async_reward_fn = AsyncRewardWrapper(fn)
+        prompt_ids, completion_ids = ids
+        reward = await self.async_reward_fn(
+            prompt, completion, prompt_ids, completion_ids, **data
+        )
+        return float(reward), ""
+
+    # -- episode ----------------------------------------------------------------
+    async def arun_episode(self, engine, data: dict[str, Any]) -> dict[str, Any] | None:
+        prompt_ids = apply_chat_template(
+            self.tokenizer,
+            data["messages"],
+            tokenize=True,
+            add_generation_prompt=True,
+            enable_thinking=self.enable_thinking,
+        )
+        prefix = self.response_prefix
+        if prefix:
+            prompt_ids = list(prompt_ids) + self.tokenizer.encode(
+                prefix, add_special_tokens=False
+            )
+        seq = list(prompt_ids)
+        logprobs = [0.0] * len(seq)
+        loss_mask = [0] * len(seq)
+        versions = [-1] * len(seq)
+        budget = self.gconfig.max_new_tokens
+        rid = uuid.uuid4().hex
+        pieces: list[str] = []
+        answer, reason = None, ""
+        calls = timeouts = 0
+        while True:
+            room = budget - (len(seq) - len(prompt_ids))
+            if room <= 0:
+                reason = "token budget used up before an answer"
+                break
+            req = ModelRequest(
+                rid=rid,
+                input_ids=list(seq),
+                gconfig=self.gconfig.new(n_samples=1, max_new_tokens=room),
+                tokenizer=self.tokenizer,
+            )
+            resp = await engine.agenerate(req)
+            out = list(resp.output_tokens)
+            seq += out
+            logprobs += list(resp.output_logprobs)
+            loss_mask += [1] * len(out)
+            versions += list(resp.output_versions)
+            text = self.tokenizer.decode(out)
+            if not pieces:
+                text = prefix + text  # the first turn continues the prefix
+            pieces.append(text)
+            turn = parse_turn(text)
+            if turn.kind == "answer":
+                answer = turn.value
+                break
+            if turn.kind == "error":
+                reason = turn.value
+                break
+            calls += 1
+            if calls > self.max_tool_calls:
+                reason = f"more than max_tool_calls={self.max_tool_calls} searches"
+                break
+            body, tool_error = await self.search(turn.value)
+            if tool_error:
+                timeouts += tool_error.startswith("search timed out")
+                logger.info(f"task {self.task}: {tool_error} (query {turn.value!r})")
+            room = budget - (len(seq) - len(prompt_ids))
+            info = self.tokenizer.encode(
+                information_text(body), add_special_tokens=False
+            )
+            info = info[:room]
+            seq += info
+            logprobs += [0.0] * len(info)
+            loss_mask += [0] * len(info)
+            versions += [-1] * len(info)
+            pieces.append(self.tokenizer.decode(info))
+
+        reward = 0.0
+        if answer is not None:
+            prompt_str = self.tokenizer.decode(prompt_ids)
+            completion_ids = seq[len(prompt_ids) :]
+            reward, reason = await self.score(
+                data, answer, prompt_str, "".join(pieces), (prompt_ids, completion_ids)
+            )
+        if reason:
+            logger.info(f"task {self.task}: reward {reward} ({reason})")
+        self.outcomes.append(
+            {
+                "reward": reward,
+                "reason": reason,
+                "answer": answer,
+                "tool_calls": calls,
+                "tool_timeouts": timeouts,
+            }
+        )
+        traj = {
+            "input_ids": torch.tensor(seq, dtype=torch.int32),
+            "loss_mask": torch.tensor(loss_mask, dtype=torch.int32),
+            "logprobs": torch.tensor(logprobs, dtype=torch.float32),
+            "versions": torch.tensor(versions, dtype=torch.int32),
+            "attention_mask": torch.ones(len(seq), dtype=torch.bool),
+            "rewards": torch.tensor(reward, dtype=torch.float32),
+        }
+        traj = {k: v.unsqueeze(0) for k, v in traj.items()}
+        found = generated_versions(traj)
+        if len(found) != 1:
+            logger.error(f"task {self.task}: episode mixes adapter versions {found}")
+            return None
+        scope = f"{workflow_context.stat_scope()}/{self.task}"
+        stats_tracker.get(scope).scalar(
+            reward=reward,
+            tool_calls=float(calls),
+            tool_timeouts=float(timeouts),
+            answered=float(answer is not None),
+        )
+        traj["task"] = self.task
+        return traj

@@ -1,0 +1,295 @@
+"""Bench metrics from a synthetic run directory, with hand-computed numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from areal_marlaas.bench.metrics import (
+    load_run,
+    percentile,
+    ratios,
+    run_metrics,
+    union_length,
+    utilization,
+)
+from areal_marlaas.config import ConfigError
+
+T0 = 1000.0
+
+
+def _ev(task, version, phase, start, end):
+    return {
+        "task": task,
+        "version": version,
+        "phase": phase,
+        "start": T0 + start,
+        "end": T0 + end,
+    }
+
+
+# Two tasks, two steps each (times relative to T0):
+#   a: rollout 0-10, train 10-20, publish 20-21, rollout 21-31, train 31-41, pub -42
+#   b: rollout 0-12, queue 12-20, train 20-30, publish 30-31, rollout 31-35,
+#      queue 35-41, train 41-50, publish 50-51
+EVENTS = [
+    {"task": "a", "version": 0, "admission": "admit", "t": T0 - 1},  # no "phase"
+    _ev("a", 0, "rollout", 0, 10),
+    _ev("b", 0, "rollout", 0, 12),
+    _ev("a", 0, "queue", 10, 10),
+    _ev("a", 0, "train", 10, 20),
+    _ev("a", 1, "publish", 20, 21),
+    _ev("b", 0, "queue", 12, 20),
+    _ev("b", 0, "train", 20, 30),
+    _ev("b", 1, "publish", 30, 31),
+    _ev("a", 1, "rollout", 21, 31),
+    _ev("a", 1, "queue", 31, 31),
+    _ev("a", 1, "train", 31, 41),
+    _ev("a", 2, "publish", 41, 42),
+    _ev("b", 1, "rollout", 31, 35),
+    _ev("b", 1, "queue", 35, 41),
+    _ev("b", 1, "train", 41, 50),
+    _ev("b", 2, "publish", 50, 51),
+    {"task": "b", "status": "failed", "reason": "x", "t": T0 + 60},  # no "phase"
+]
+STEPS = [
+    {"task": "a", "version": 1, "t_commit": T0 + 20, "n_trajectories": 8},
+    {"task": "b", "version": 1, "t_commit": T0 + 30, "n_trajectories": 8},
+    {"task": "a", "version": 2, "t_commit": T0 + 41, "n_trajectories": 8},
+    {"task": "b", "version": 2, "t_commit": T0 + 50, "n_trajectories": 8},
+]
+SAMPLES = [
+    {"t": T0 - 5, "server_cpu": 0.0, "trainer_cpu": 0.0, "running": 0},
+    {"t": T0, "server_cpu": 0.0, "trainer_cpu": 0.0, "running": 5},
+    {"t": T0 + 25.5, "server_cpu": 10.0, "trainer_cpu": 20.0, "running": 0},
+    {"t": T0 + 51, "server_cpu": 20.4, "trainer_cpu": 40.8, "running": 3},
+    {"t": T0 + 60, "server_cpu": 30.0, "trainer_cpu": 41.0, "running": 0},
+]
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    (tmp_path / "events.jsonl").write_text(
+        "".join(json.dumps(e) + "\n" for e in EVENTS)
+    )
+    (tmp_path / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in STEPS))
+    (tmp_path / "summary.json").write_text(
+        json.dumps({"mode": "async", "wall_s": 51.0, "tasks": {}})
+    )
+    return tmp_path
+
+
+def test_run_metrics_synthetic_run_exact_numbers(run_dir):
+    m = run_metrics(load_run(run_dir), SAMPLES, cores=(1, 1, 2))
+    assert m["steps"] == 4
+    assert m["wall_s"] == 51.0
+    assert m["window_s"] == 51.0
+    assert m["train_steps_per_hour"] == pytest.approx(4 / 51 * 3600)
+    assert m["ttfs_s"] == {"a": 20.0, "b": 30.0}
+    assert m["ttfs_p50_s"] == 25.0
+    assert m["ttfs_max_s"] == 30.0
+    # gaps: a 41-20 = 21, b 50-30 = 20
+    assert m["tpts_p50_s"] == pytest.approx(20.5)
+    assert m["tpts_p95_s"] == pytest.approx(20.95)
+    assert m["phase_p50_s"]["train"] == 10.0
+    assert m["phase_p50_s"]["queue"] == 3.0  # 0, 8, 0, 6
+    assert m["train_busy_events"] == pytest.approx(39 / 51)
+    assert m["rollout_busy_events"] == pytest.approx(26 / 51)
+    assert m["rollout_util_cpu"] == pytest.approx(0.4)
+    assert m["train_util_cpu"] == pytest.approx(0.8)
+    assert m["idle_pct"] == pytest.approx(40.0)
+    assert m["rollout_busy_gauge"] == pytest.approx(2 / 3)
+    assert "failed_tasks" not in m
+
+
+def test_run_metrics_without_summary_uses_window(run_dir):
+    (run_dir / "summary.json").unlink()
+    m = run_metrics(load_run(run_dir))
+    assert m["wall_s"] == 51.0
+    assert m["rollout_util_cpu"] is None
+
+
+def test_run_metrics_failed_task_is_reported(run_dir):
+    (run_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "wall_s": 51.0,
+                "tasks": {
+                    "a": {"status": "done"},
+                    "b": {"status": "failed", "error": "boom"},
+                },
+            }
+        )
+    )
+    assert run_metrics(load_run(run_dir))["failed_tasks"] == {"b": "boom"}
+
+
+def test_utilization_window_between_samples_interpolates():
+    # server 10 CPU-s over 25.5 s: [0, 12.75] holds 5 CPU-s on 2 cores
+    u = utilization(SAMPLES, T0, T0 + 12.75, 2, 1, 2)
+    assert u["rollout_util_cpu"] == pytest.approx(5 / (12.75 * 2))
+    assert u["train_util_cpu"] == pytest.approx(10 / 12.75)
+    assert u["rollout_busy_gauge"] == 1.0  # only the t=T0 sample, running 5
+
+
+def test_percentile_and_union_match_hand_values():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([10], 95) == 10
+    assert percentile([], 50) is None
+    assert union_length([(0, 2), (1, 3), (5, 6)]) == 4
+
+
+def test_ratios_vs_sequential():
+    r = ratios(
+        {
+            "sequential": {"wall_s": 100.0, "train_steps_per_hour": 36.0},
+            "async": {"wall_s": 40.0, "train_steps_per_hour": 90.0},
+            "broken": {"wall_s": None, "train_steps_per_hour": None},
+        }
+    )
+    assert r["sequential"]["speedup_vs_sequential"] == 1.0
+    assert r["async"]["speedup_vs_sequential"] == 2.5
+    assert r["async"]["throughput_vs_sequential"] == 2.5
+    assert r["broken"]["speedup_vs_sequential"] is None
+
+
+BENCH_YAML = """
+experiment_name: bench-test
+trial_name: t0
+tasks:
+  - {name: mul1, kind: multiplication, dataset: {digits: 1, size: 100},
+     batch_size: 2, n_samples: 2, max_new_tokens: 16, total_steps: 5, seed: 11}
+  - {name: add1, kind: addition, dataset: {digits: 1, size: 100},
+     batch_size: 2, n_samples: 2, max_new_tokens: 16, total_steps: 5, seed: 3}
+bench:
+  task: mul1
+  replicas: 8
+  steps: 3
+"""
+
+
+@pytest.fixture
+def bench_yaml(tmp_path: Path) -> Path:
+    p = tmp_path / "bench.yaml"
+    p.write_text(BENCH_YAML)
+    return p
+
+
+def test_plan_runs_replicas_modes_ablation_and_sweep(bench_yaml):
+    from areal_marlaas.bench.suite import load_bench_config, plan_runs
+
+    bench, cfg, _, overrides = load_bench_config(
+        ["--config", str(bench_yaml), "tasks.0.batch_size=4"]
+    )
+    plans = plan_runs(bench, cfg)
+    assert [p.label for p in plans] == [
+        "async",
+        "sync",
+        "sequential",
+        "collocated",
+        "async_no_multi_lora",
+        "async_c1",
+        "async_c2",
+        "async_c4",
+    ]
+    tasks = plans[0].tasks
+    assert [t.name for t in tasks] == [f"mul1_{i}" for i in range(8)]
+    assert [t.seed for t in tasks] == list(range(11, 19))
+    assert {t.total_steps for t in tasks} == {3}
+    assert {t.batch_size for t in tasks} == {4}  # the override reached the tasks
+    assert plans[3].placement == "collocated"
+    assert plans[4].overrides == {"scheduler.multi_lora": "false"}
+    assert [t.name for t in plans[6].tasks] == ["mul1_0", "mul1_1"]
+    assert overrides == ["tasks.0.batch_size=4"]
+
+
+def test_plan_runs_task_mix_kept_then_cycled(bench_yaml):
+    from areal_marlaas.bench.suite import load_bench_config, plan_runs
+
+    bench, cfg, _, _ = load_bench_config(
+        ["--config", str(bench_yaml), "bench.task=", "bench.replicas=3"]
+    )
+    plans = plan_runs(bench, cfg)
+    assert [t.name for t in plans[0].tasks] == ["mul1", "add1", "mul1_2"]
+    assert plans[0].tasks[2].seed == 13
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("bench.modes=[async,turbo]", "bench.modes: unknown mode 'turbo'"),
+        ("bench.ablations=[no_async]", "bench.ablations: unknown ablation"),
+        ("bench.concurrency=[0,2]", "bench.concurrency"),
+        ("bench.replicas=-1", "bench.replicas"),
+        ("bench.nonsense=1", "bench.nonsense"),
+    ],
+)
+def test_bench_config_bad_value_names_the_field(bench_yaml, override, match):
+    from areal_marlaas.bench.suite import load_bench_config
+
+    with pytest.raises(ConfigError, match=match):
+        load_bench_config(["--config", str(bench_yaml), override])
+
+
+def test_bench_config_unknown_task_lists_names(bench_yaml):
+    from areal_marlaas.bench.suite import load_bench_config, plan_runs
+
+    bench, cfg, _, _ = load_bench_config(
+        ["--config", str(bench_yaml), "bench.task=nope"]
+    )
+    with pytest.raises(ConfigError, match="no task named 'nope'"):
+        plan_runs(bench, cfg)
+
+
+def test_outputs_written_small_with_plots(tmp_path, run_dir):
+    pytest.importorskip("matplotlib")
+    from areal_marlaas.bench.suite import compact_run, write_outputs
+
+    out = tmp_path / "out"
+    run = load_run(run_dir)
+    runs = []
+    for label, mode, group in [
+        ("async", "async", "mode"),
+        ("sequential", "sequential", "mode"),
+        ("async_c1", "async", "sweep"),
+    ]:
+        compact_run(run, SAMPLES, out / "runs" / label, 400)
+        runs.append(
+            {
+                "label": label,
+                "mode": mode,
+                "placement": "disaggregated",
+                "group": group,
+                "tenants": 2,
+                "status": "ok",
+                "cores": {"server": 1, "trainer": 1, "total": 2},
+                "metrics": run_metrics(run, SAMPLES),
+            }
+        )
+    result = {
+        "bench": {
+            "task": "mul1",
+            "replicas": 2,
+            "steps": 2,
+            "server_cpus": "0",
+            "trainer_cpus": "1",
+            "collocated_cpus": "0-1",
+        },
+        "model": "/m/SmolLM2",
+        "runs": runs,
+        "sweep": {"1": "async_c1", "2": "async"},
+    }
+    write_outputs(result, out)
+    for name in ("bench.json", "bench.md", "timeline.png", "utilization.png"):
+        assert (out / name).is_file(), name
+    assert (out / "concurrency.png").is_file()
+    compact = load_run(out / "runs" / "async")
+    assert compact["events"][1]["start"] == 0.0
+    assert run_metrics(compact)["ttfs_p50_s"] == 25.0
+    assert (
+        "| async | async | disaggregated | 2 | ok | 51.0 |"
+        in (out / "bench.md").read_text()
+    )
+    assert sum(p.stat().st_size for p in out.rglob("*")) < 3 * 2**20

@@ -1,0 +1,315 @@
+"""The discrete-event simulator drives the real SchedulerCore: hand-computed
+timelines with fixed latencies, model fits that recover known parameters, and
+admission limits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from areal_marlaas.sim.models import (
+    LatencyModels,
+    RolloutModel,
+    RunLog,
+    fit_models,
+    fit_rollout,
+)
+from areal_marlaas.sim.simulator import SimTask, simulate
+
+
+def fixed(rollout=4.0, train=3.0, publish=1.0) -> LatencyModels:
+    # beta = 1: the server's speed grows with its batch, so a batch takes `work`
+    # seconds whatever else runs beside it.
+    return LatencyModels(
+        rollout=RolloutModel(work_s=rollout, beta=1.0),
+        train_intercept_s=train,
+        publish_s=publish,
+    )
+
+
+def commits(result) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for s in result.steps:
+        out.setdefault(s["task"], []).append(s["t_commit"])
+    return out
+
+
+TWO = [SimTask("a", 2, 4), SimTask("b", 2, 4)]
+
+
+def test_async_two_tasks_hand_computed_timeline():
+    # a,b roll out 0-4; a trains 4-7, b 7-10; a publishes 7-8, rolls 8-12,
+    # trains 12-15, publishes 15-16; b publishes 10-11, rolls 11-15, trains
+    # 15-18, publishes 18-19.
+    r = simulate(TWO, fixed(), "async")
+    assert r.wall_s == pytest.approx(19.0)
+    assert commits(r) == {"a": [7.0, 15.0], "b": [10.0, 18.0]}
+    queue_b0 = [e for e in r.events if e["phase"] == "queue" and e["task"] == "b"][0]
+    assert (queue_b0["start"], queue_b0["end"]) == (4.0, 7.0)
+    m = r.metrics()
+    assert m["ttfs_p50_s"] == pytest.approx(8.5)
+    assert m["tpts_p50_s"] == pytest.approx(8.0)
+
+
+def test_sync_two_tasks_waits_at_both_barriers():
+    # round 0: rollouts 0-4, trains 4-7 and 7-10, publishes end 8 and 11;
+    # round 1 starts at 11: rollouts 11-15, trains 15-18 and 18-21, last publish 22.
+    r = simulate(TWO, fixed(), "sync")
+    assert r.wall_s == pytest.approx(22.0)
+    assert commits(r) == {"a": [7.0, 18.0], "b": [10.0, 21.0]}
+
+
+@pytest.mark.parametrize("mode", ["sequential", "collocated"])
+def test_sequential_runs_one_task_after_another(mode):
+    # each task: (4 + 3 + 1) x 2 = 16 s, b after a
+    r = simulate(TWO, fixed(), mode)
+    assert r.wall_s == pytest.approx(32.0)
+    assert commits(r) == {"a": [7.0, 15.0], "b": [23.0, 31.0]}
+    waits = [
+        (e["task"], e["start"], e["end"]) for e in r.events if e["phase"] == "wait"
+    ]
+    assert waits == [("b", 0.0, 16.0)]
+
+
+def test_three_tasks_one_step_async_overlaps_sequential_does_not():
+    tasks = [SimTask(n, 1, 4) for n in "abc"]
+    assert simulate(tasks, fixed(), "async").wall_s == pytest.approx(14.0)
+    assert simulate(tasks, fixed(), "sync").wall_s == pytest.approx(14.0)
+    assert simulate(tasks, fixed(), "sequential").wall_s == pytest.approx(24.0)
+
+
+def test_two_trainers_train_in_parallel():
+    r = simulate(TWO, fixed(), "async", trainers=2)
+    # both train 4-7, publish 7-8, roll 8-12, train 12-15, publish 15-16
+    assert r.wall_s == pytest.approx(16.0)
+
+
+def test_processor_sharing_batch_slows_with_company():
+    m = LatencyModels(RolloutModel(work_s=1.0, beta=0.5), train_intercept_s=1.0)
+    alone = simulate([SimTask("a", 1, 4)], m, "async")
+    rolls = [e for e in alone.events if e["phase"] == "rollout"]
+    assert rolls[0]["end"] == pytest.approx(4 / 4**0.5)
+    both = simulate([SimTask("a", 1, 4), SimTask("b", 1, 4)], m, "async")
+    ends = [e["end"] for e in both.events if e["phase"] == "rollout"]
+    assert ends == pytest.approx([8 / 8**0.5] * 2)
+    # two devices: each batch alone again
+    two = simulate([SimTask("a", 1, 4), SimTask("b", 1, 4)], m, rollout_devices=2)
+    ends = [e["end"] for e in two.events if e["phase"] == "rollout"]
+    assert ends == pytest.approx([2.0, 2.0])
+
+
+def _max_overlap(events) -> int:
+    points = []
+    for e in events:
+        if e["phase"] == "rollout":
+            points += [(e["start"], 1), (e["end"], -1)]
+    cur = best = 0
+    for _, d in sorted(points, key=lambda p: (p[0], p[1])):
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def test_kv_budget_limits_concurrent_rollouts():
+    tasks = [SimTask(n, 2, 4, kv_bytes=60) for n in "abc"]
+    free = simulate(tasks, fixed(), "async")
+    assert _max_overlap(free.events) == 3
+    tight = simulate(tasks, fixed(), "async", kv_budget=100)
+    assert _max_overlap(tight.events) == 1
+    assert tight.holds > 0
+    assert tight.wall_s > free.wall_s
+    two = simulate(tasks, fixed(), "async", kv_budget=120)
+    assert _max_overlap(two.events) == 2
+    assert len(two.steps) == 6
+
+
+def test_max_rolling_one_is_one_adapter_per_batch():
+    tasks = [SimTask(n, 1, 4) for n in "abc"]
+    r = simulate(tasks, fixed(), "async", max_rolling=1)
+    assert _max_overlap(r.events) == 1
+    assert len(r.steps) == 3
+
+
+def test_kv_budget_below_one_batch_is_refused():
+    from areal_marlaas.scheduler.core import AdmissionError
+
+    with pytest.raises(AdmissionError):
+        simulate([SimTask("a", 1, 4, kv_bytes=200)], fixed(), kv_budget=100)
+
+
+def _group_events(k: int, seqs: int, t0: float, d: float) -> list[dict]:
+    """k tasks of `seqs` sequences rolling out together from t0 for d seconds,
+    then training one after another."""
+    out = []
+    for i in range(k):
+        name = f"k{k}_{i}"
+        out.append(
+            {"task": name, "version": 0, "phase": "rollout", "start": t0, "end": t0 + d}
+        )
+        ts = t0 + d + 2.0 * i
+        out.append(
+            {"task": name, "version": 0, "phase": "train", "start": ts, "end": ts + 2}
+        )
+        out.append(
+            {
+                "task": name,
+                "version": 1,
+                "phase": "publish",
+                "start": ts + 2,
+                "end": ts + 2.1,
+            }
+        )
+    return out
+
+
+@pytest.mark.parametrize("beta, work, overhead", [(0.3, 0.5, 0.0), (0.6, 0.2, 0.8)])
+def test_fit_rollout_recovers_known_parameters(beta, work, overhead):
+    seqs = 8
+    truth = RolloutModel(work_s=work, beta=beta, overhead_s=overhead)
+    logs = []
+    t = 0.0
+    for k in (1, 2, 4, 8):
+        d = truth.duration(k * seqs)
+        ev = _group_events(k, seqs, t, d)
+        logs.append(RunLog(ev, {e["task"]: seqs for e in ev}))
+        t += 1000
+    model, diag = fit_rollout(logs)
+    assert model.beta_fitted
+    assert model.beta == pytest.approx(beta, abs=0.02)
+    assert model.work_s == pytest.approx(work, rel=0.1)
+    assert model.overhead_s == pytest.approx(overhead, abs=0.1 * max(d, 1))
+    assert diag["rmse_s"] < 0.05 * d
+    for k in (1, 3, 8):
+        assert model.duration(k * seqs) == pytest.approx(
+            truth.duration(k * seqs), rel=0.03
+        )
+
+
+def test_fit_models_train_line_publish_mean_and_default_beta():
+    ev, seqs = [], {}
+    for i, (s, d) in enumerate([(8, 3.0), (16, 5.0), (8, 3.0), (24, 7.0)]):
+        name = f"t{i}"
+        seqs[name] = s
+        base = 100.0 * i
+        ev += [
+            {
+                "task": name,
+                "version": 0,
+                "phase": "rollout",
+                "start": base,
+                "end": base + 2,
+            },
+            {
+                "task": name,
+                "version": 0,
+                "phase": "train",
+                "start": base + 2,
+                "end": base + 2 + d,
+            },
+            {
+                "task": name,
+                "version": 1,
+                "phase": "publish",
+                "start": base + 2 + d,
+                "end": base + 2.5 + d,
+            },
+            {"task": name, "version": 1, "admission": "admit", "t": base},
+        ]
+    m = fit_models([RunLog(ev, seqs)])
+    assert m.train_per_seq_s == pytest.approx(0.25)
+    assert m.train_intercept_s == pytest.approx(1.0)
+    assert m.publish_s == pytest.approx(0.5)
+    # concurrency spread is only 8..24 but no overlap: fitted
+    assert m.rollout.beta_fitted
+    same = fit_models([RunLog(ev, {n: 8 for n in seqs})])
+    assert not same.rollout.beta_fitted
+    assert same.rollout.beta == pytest.approx(math.log(1.6) / math.log(4))
+    assert LatencyModels.from_dict(m.to_dict()) == m
+
+
+def test_simulate_bench_validates_and_projects(tmp_path):
+    """A bench folder whose runs are the simulator's own output under known
+    models: the fit reproduces every run's wall time, and the projection runs."""
+    import json
+
+    from areal_marlaas.sim.project import format_sim_markdown, simulate_bench
+
+    truth = LatencyModels(
+        RolloutModel(work_s=0.6, beta=0.35, overhead_s=0.5, max_seqs=128),
+        train_intercept_s=9.0,
+        publish_s=0.05,
+    )
+    runs = []
+    for label, mode, n in [
+        ("async", "async", 4),
+        ("sync", "sync", 4),
+        ("sequential", "sequential", 4),
+        ("async_c1", "async", 1),
+        ("async_c2", "async", 2),
+    ]:
+        tasks = [SimTask(f"m_{i}", 2, 16, 32) for i in range(n)]
+        r = simulate(tasks, truth, mode)
+        d = tmp_path / "runs" / label
+        d.mkdir(parents=True)
+        (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in r.events))
+        (d / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in r.steps))
+        runs.append(
+            {
+                "label": label,
+                "mode": mode,
+                "placement": "disaggregated",
+                "tenants": n,
+                "status": "ok",
+                "tasks": [
+                    {
+                        "name": t.name,
+                        "batch_size": 4,
+                        "n_samples": 4,
+                        "max_new_tokens": 32,
+                        "total_steps": 2,
+                        "kv_bytes": 100,
+                    }
+                    for t in tasks
+                ],
+                "metrics": r.metrics(),
+            }
+        )
+    (tmp_path / "bench.json").write_text(
+        json.dumps({"runs": runs, "kv_capacity_bytes": 250, "max_num_seqs": 128})
+    )
+    out = simulate_bench(tmp_path, [1, 8], rollout_devices=2, train_devices=2)
+    assert len(out["validation"]) == 5
+    for row in out["validation"]:
+        assert abs(row["error_pct"]) < 2.0, row
+    fitted = out["models"]["disaggregated"]
+    assert fitted["rollout"]["beta"] == pytest.approx(0.35, abs=0.03)
+    assert fitted["train_intercept_s"] == pytest.approx(9.0)
+    proj = {(r["tenants"], r["mode"]): r for r in out["projection"]}
+    assert set(proj) == {
+        (n, m) for n in (1, 8) for m in ("async", "sync", "sequential", "collocated")
+    }
+    # 2 devices x 250 bytes admit 5 batches of 100 bytes: 8 tenants are held back
+    assert proj[(8, "async")]["admission_holds"] > 0
+    assert proj[(8, "async")]["wall_s"] < proj[(8, "sequential")]["wall_s"]
+    assert "| async | async | 4 |" in format_sim_markdown(out)
+
+
+@pytest.mark.parametrize("mode", ["async", "sync", "sequential", "collocated"])
+def test_memoized_core_decides_like_the_plain_core(mode):
+    m = LatencyModels(
+        RolloutModel(work_s=0.3, beta=0.4, overhead_s=0.2, max_seqs=16),
+        train_intercept_s=1.5,
+        train_per_seq_s=0.1,
+        publish_s=0.1,
+    )
+    tasks = [
+        SimTask(f"t{i}", 1 + i % 3, 4 + 4 * (i % 2), kv_bytes=40, priority=i % 2)
+        for i in range(7)
+    ]
+    for kw in ({}, {"kv_budget": 100}, {"max_rolling": 2, "trainers": 2}):
+        fast = simulate(tasks, m, mode, **kw)
+        plain = simulate(tasks, m, mode, fast=False, **kw)
+        assert fast.events == plain.events
+        assert fast.steps == plain.steps
+        assert fast.holds == plain.holds
