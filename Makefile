@@ -5,7 +5,7 @@ AREAL_VENV ?= $(or $(MARLAAS_AREAL_VENV),$(CACHE)/venv-areal)
 PY := $(AREAL_VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 
-.PHONY: setup test test-slow lint quickstart bench-rollout bench-learning bench simulate
+.PHONY: setup test test-slow test-fault lint quickstart bench-rollout bench-learning bench simulate
 
 setup:
 	bash scripts/setup.sh
@@ -15,6 +15,10 @@ test: setup
 
 test-slow: setup
 	$(PY) -m pytest -m slow
+
+# The fault-injection runs (kill -9 + resume, server kill, orphans): slow, run by CI.
+test-fault: setup
+	$(PY) -m pytest -m slow tests/test_fault_e2e.py tests/test_fault_server.py
 
 lint: setup
 	$(AREAL_VENV)/bin/ruff check . && $(AREAL_VENV)/bin/ruff format --check .

@@ -14,6 +14,9 @@ from .conftest import SHARED_DATA
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
+# configs/bench.yaml is a train config plus a `bench:` section: `marlaas bench`
+# reads it (test_shipped_bench_config_loads), `marlaas check` does not.
+TRAIN_CONFIGS = [p for p in SHIPPED if p.stem != "bench"]
 
 
 def write(path: Path, data) -> Path:
@@ -46,7 +49,7 @@ def check(capsys, *argv) -> tuple[int, str]:
     return rc, captured.out + captured.err
 
 
-@pytest.mark.parametrize("config", SHIPPED, ids=lambda p: p.name)
+@pytest.mark.parametrize("config", TRAIN_CONFIGS, ids=lambda p: p.name)
 def test_shipped_config_passes_check(config, capsys, model_path):
     if config.stem == "paper_mix" and not SHARED_DATA.is_dir():
         pytest.skip(f"{config.name} reads the workspace datasets ({SHARED_DATA})")
@@ -212,3 +215,14 @@ def test_check_prints_the_admission_plan_for_a_budget(capsys, tmp_path, main_yam
 
     rc, out = check(capsys, *argv, "scheduler.kv_budget_bytes=20000000")
     assert rc == 2 and "tasks.0 ('a')" in out and "could never be admitted" in out
+
+
+def test_shipped_bench_config_loads(model_path):
+    from areal_marlaas.bench.suite import load_bench_config
+
+    bench, cfg, _, _ = load_bench_config(
+        ["--config", str(REPO / "configs" / "bench.yaml")]
+    )
+
+    assert bench.replicas == 8 and set(bench.modes) >= {"async", "sync", "sequential"}
+    assert cfg.tasks[0].name == bench.task
