@@ -56,6 +56,14 @@ PLACEMENTS = ("disaggregated", "collocated")
 OUT_LIMIT_BYTES = 3 * 2**20
 
 
+_MACHINE_KEYS = ("cluster.fileroot=", "server.addresses=")
+
+
+def portable_overrides(cmd: list[str]) -> list[str]:
+    """The ``key=value`` overrides of a run command that say how it ran, not where."""
+    return [a for a in cmd if "=" in a and not a.startswith(_MACHINE_KEYS)]
+
+
 @dataclass
 class BenchConfig:
     """What ``marlaas bench`` runs (the ``bench:`` section of the config)."""
@@ -510,7 +518,8 @@ class Bench:
                 }
                 for t in plan.tasks
             ],
-            "command": " ".join(cmd),
+            # The run's settings, without this machine's paths and ports.
+            "command": " ".join(["marlaas train", *portable_overrides(cmd)]),
         }
         t_start = time.monotonic()
         with open(log_path, "wb") as log:
@@ -623,7 +632,7 @@ class Bench:
             r["ratios"] = rat.get(k, {})
         bench_result = {
             "bench": dataclasses.asdict(self.bench),
-            "model": self.cfg.vllm.model,
+            "model": Path(self.cfg.vllm.model).name,
             "experiment_name": self.cfg.experiment_name,
             "server_start_s": servers,
             "kv_capacity_bytes": int(self.cfg.server.cpu_kvcache_space_gib * 2**30),
