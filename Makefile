@@ -5,7 +5,7 @@ AREAL_VENV ?= $(or $(MARLAAS_AREAL_VENV),$(CACHE)/venv-areal)
 PY := $(AREAL_VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 
-.PHONY: setup test test-slow test-fault lint quickstart bench-rollout bench-learning bench simulate
+.PHONY: setup test test-slow test-fault test-example lint quickstart bench-rollout bench-learning bench simulate
 
 setup:
 	bash scripts/setup.sh
@@ -19,6 +19,10 @@ test-slow: setup
 # The fault-injection runs (kill -9 + resume, server kill, orphans): slow, run by CI.
 test-fault: setup
 	$(PY) -m pytest -m slow tests/test_fault_e2e.py tests/test_fault_server.py
+
+# AReaL's PPOTrainer driving our workflow through its own launcher (~7 min): CI.
+test-example: setup
+	$(PY) -m pytest -m slow tests/test_examples.py
 
 lint: setup
 	$(AREAL_VENV)/bin/ruff check . && $(AREAL_VENV)/bin/ruff format --check .
