@@ -202,18 +202,19 @@ def test_multi_lora_off_and_rollout_cap_set_max_rolling(main_yaml, tmp_path):
 
 
 def test_check_prints_the_admission_plan_for_a_budget(capsys, tmp_path, main_yaml):
-    # 3 tasks of 2x2 sequences x (256 + 64) tokens x 23,040 B: 29.5 MB of KV each.
+    # 3 tasks of 2x2 sequences x (256 + 64) tokens x 46,080 B (float32): 59 MB
+    # of KV each.
     tasks = write(tmp_path / "t.yaml", {"tasks": [task(n) for n in "abc"]})
     argv = ["--config", main_yaml, "--tasks", tasks]
 
     rc, out = check(capsys, *argv)
     assert rc == 0 and "first round admits: a, b, c" in out
 
-    rc, out = check(capsys, *argv, "scheduler.kv_budget_bytes=60000000")
+    rc, out = check(capsys, *argv, "scheduler.kv_budget_bytes=120000000")
     assert rc == 0 and "first round admits: a, b\n" in out
     assert "held: c (kv)" in out
 
-    rc, out = check(capsys, *argv, "scheduler.kv_budget_bytes=20000000")
+    rc, out = check(capsys, *argv, "scheduler.kv_budget_bytes=40000000")
     assert rc == 2 and "tasks.0 ('a')" in out and "could never be admitted" in out
 
 

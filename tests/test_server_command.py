@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from areal_marlaas.rollout.server import (
+    VLLM_PLUGIN_DIR,
     MultiLoRAvLLMConfig,
     RolloutServerConfig,
     build_server_command,
@@ -52,7 +53,18 @@ def test_cpu_command_enables_runtime_multilora():
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "VLLM_CPU_KVCACHE_SPACE": "3",
         "VLLM_CPU_OMP_THREADS_BIND": "0",
+        "PYTHONPATH": str(VLLM_PLUGIN_DIR),  # the grouped CPU LoRA plugin
     }
+    # The folder holds the module and the entry point vLLM discovers.
+    assert (VLLM_PLUGIN_DIR / "marlaas_vllm_plugin.py").is_file()
+    entry = next(VLLM_PLUGIN_DIR.glob("*.dist-info")) / "entry_points.txt"
+    assert "marlaas_vllm_plugin:register" in entry.read_text()
+
+
+def test_cpu_command_without_grouped_lora_leaves_pythonpath_unset():
+    _, env = build("cpu", cpu_grouped_lora=False)
+
+    assert "PYTHONPATH" not in env
 
 
 def test_npu_command_uses_vllm_ascend_settings():
