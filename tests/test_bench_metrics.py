@@ -16,6 +16,7 @@ from areal_marlaas.bench.metrics import (
     utilization,
 )
 from areal_marlaas.config import ConfigError
+from areal_marlaas.metrics.report import phase_stats
 
 T0 = 1000.0
 
@@ -266,6 +267,7 @@ def test_outputs_written_small_with_plots(tmp_path, run_dir):
                 "status": "ok",
                 "cores": {"server": 1, "trainer": 1, "total": 2},
                 "metrics": run_metrics(run, SAMPLES),
+                "phases": phase_stats(run_dir),
             }
         )
     result = {
@@ -285,6 +287,10 @@ def test_outputs_written_small_with_plots(tmp_path, run_dir):
     for name in ("bench.json", "bench.md", "timeline.png", "utilization.png"):
         assert (out / name).is_file(), name
     assert (out / "concurrency.png").is_file()
+    md = (out / "bench.md").read_text()
+    # Per-task rows from the events: b queued 8 s then 6 s, a never waited.
+    assert "| async | b | 2 | 8.0 | 0.0 | 7.0 | 9.5 | 1.0 |" in md
+    assert "| async | a | 2 | 10.0 | 0.0 | 0.0 | 10.0 | 1.0 |" in md
     compact = load_run(out / "runs" / "async")
     assert compact["events"][1]["start"] == 0.0
     assert run_metrics(compact)["ttfs_p50_s"] == 25.0

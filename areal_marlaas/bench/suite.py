@@ -44,6 +44,7 @@ from areal_marlaas.config import (
     parse_args,
 )
 from areal_marlaas.errors import ConfigError
+from areal_marlaas.metrics.report import phase_stats
 
 logger = logging.getLogger("MARLaaSBench")
 
@@ -553,6 +554,7 @@ class Bench:
             result["log_tail"] = _tail(log_path, 25)
         if run["events"]:
             result["metrics"] = run_metrics(run, samples, cores)
+            result["phases"] = phase_stats(run_dir)
             if out_dir is not None:
                 compact_run(run, samples, out_dir / "runs" / plan.label, 400)
         if not self.bench.keep_adapters:
@@ -754,16 +756,58 @@ def format_markdown(result: dict[str, Any]) -> str:
         for r in failed:
             why = r.get("error") or (r.get("log_tail") or "").splitlines()[-1:] or [""]
             lines.append(f"* `{r['label']}`: {why if isinstance(why, str) else why[0]}")
+    lines += format_phase_table(result["runs"])
     lines += [
         "",
         "![phase timeline](timeline.png)",
         "",
         "![utilization](utilization.png)",
         "",
-        "![concurrency sweep](concurrency.png)",
-        "",
     ]
+    if result.get("sweep"):
+        lines += ["![concurrency sweep](concurrency.png)", ""]
     return "\n".join(lines)
+
+
+# Per-task phase columns: (header, phase, statistic). ``wait`` is time ready to
+# roll out but held (sync barrier, admission, turn): summed, since it happens on
+# some steps only; the others are per-step means.
+PHASE_COLUMNS = (
+    ("rollout mean s", "rollout", "mean"),
+    ("wait total s", "wait", "total"),
+    ("queue mean s", "queue", "mean"),
+    ("train mean s", "train", "mean"),
+    ("publish mean s", "publish", "mean"),
+)
+
+
+def format_phase_table(runs: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: each run's per-task rollout latency and waiting time (the
+    paper's Table 1 view), from the phases recorded in its ``events.jsonl``."""
+    rows = [r for r in runs if r.get("phases")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Per task (wait = held by a sync barrier, admission or its turn; queue = "
+        "waiting for the trainer):",
+        "",
+        "| run | task | steps | " + " | ".join(h for h, _, _ in PHASE_COLUMNS) + " |",
+        "|" + "---|" * (3 + len(PHASE_COLUMNS)),
+    ]
+    for r in rows:
+        for task in sorted(t for t in r["phases"] if t != "all"):
+            ph = r["phases"][task]
+            cells = [r["label"], task, str(ph.get("train", {}).get("n", 0))]
+            for _, phase, stat in PHASE_COLUMNS:
+                s = ph.get(phase)
+                if s is None:
+                    cells.append("0.0" if stat == "total" else "-")
+                else:
+                    v = s["mean_s"] * s["n"] if stat == "total" else s["mean_s"]
+                    cells.append(f"{v:.1f}")
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_outputs(result: dict[str, Any], out: Path) -> None:
