@@ -5,7 +5,7 @@ AREAL_VENV ?= $(or $(MARLAAS_AREAL_VENV),$(CACHE)/venv-areal)
 PY := $(AREAL_VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 
-.PHONY: setup test test-slow test-fault test-example lint quickstart bench-rollout bench-learning bench simulate
+.PHONY: setup test test-slow test-fault test-example lint quickstart bench-rollout bench-learning bench simulate bench-cpu-lora
 
 setup:
 	bash scripts/setup.sh
@@ -44,3 +44,7 @@ bench: setup
 # SIM_ARGS="--tenants 1,32,1000 --rollout-devices 8 --train-devices 8").
 simulate: setup
 	$(AREAL_VENV)/bin/marlaas simulate docs/results/bench $(SIM_ARGS)
+
+# CPU serving: vLLM's LoRA ops vs our grouped plugin, bf16 vs float32 (~8 min).
+bench-cpu-lora: setup
+	$(PY) scripts/bench_cpu_lora.py
