@@ -68,6 +68,15 @@ class FaultToleranceConfig:
         },
     )
 
+    save_retries: int = field(
+        default=2,
+        metadata={
+            "help": "Retries (1 s, 2 s, ... backoff) of a failed adapter/optimizer "
+            "save after a successful train step. The engine already holds the new "
+            "version, so the save is retried in place, not the step."
+        },
+    )
+
     def __post_init__(self):
         positive = {
             "health_interval_s": self.health_interval_s,
@@ -83,6 +92,10 @@ class FaultToleranceConfig:
         if self.restart_limit < 0:
             raise ConfigError(
                 f"fault.restart_limit must be >= 0, got {self.restart_limit}."
+            )
+        if self.save_retries < 0:
+            raise ConfigError(
+                f"fault.save_retries must be >= 0, got {self.save_retries}."
             )
         if self.keep_adapters < 0:
             raise ConfigError(

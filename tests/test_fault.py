@@ -111,6 +111,8 @@ def test_retention_keeps_last_k_and_the_served_version(tmp_path):
 def test_fault_config_rejects_bad_values():
     with pytest.raises(ConfigError, match="fault.keep_adapters must be >= 0"):
         FaultToleranceConfig(keep_adapters=-1)
+    with pytest.raises(ConfigError, match="fault.save_retries must be >= 0"):
+        FaultToleranceConfig(save_retries=-1)
     with pytest.raises(ConfigError, match="fault.health_timeout_s must be > 0"):
         FaultToleranceConfig(health_timeout_s=0)
 

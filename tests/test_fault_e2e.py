@@ -152,6 +152,44 @@ def test_raising_reward_and_missing_dataset_fail_alone(tmp_path, vllm_server):
     assert saved["tasks"]["mul1"]["status"] == "failed"
 
 
+def test_failed_save_after_a_train_step_is_retried_in_place(
+    tmp_path, vllm_server, monkeypatch
+):
+    from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
+
+    real_save = MultiLoRAFSDPPPOActor.save_adapter
+    failures = []
+
+    def flaky_save(self, name, path):
+        # A full disk, once, on add2's first new version (a fake: a real write
+        # error cannot be provoked here, and root ignores read-only folders).
+        if name == "add2" and str(path).endswith("v1") and not failures:
+            failures.append(str(path))
+            raise OSError(28, "No space left on device")
+        return real_save(self, name, path)
+
+    monkeypatch.setattr(MultiLoRAFSDPPPOActor, "save_adapter", flaky_save)
+    tasks = tmp_path / "tasks.yaml"
+    write_two_tasks(tasks)
+    overrides = ["--config", CONFIG, "--tasks", str(tasks)]
+    overrides += [f"cluster.fileroot={tmp_path}", "trial_name=save"]
+    overrides += ["scheduler.type=null", f'server.addresses=["{vllm_server.address}"]']
+    overrides += tiny_tasks(2, 2)  # task_retries stays 0: no phase retry may help
+    cfg, _ = load_config(overrides)
+
+    summary = MultiTaskTrainer(cfg).run()
+
+    assert len(failures) == 1
+    for name in ("add2", "mul1"):
+        assert summary["tasks"][name]["status"] == "done", summary["tasks"][name]
+        assert summary["tasks"][name]["final_version"] == 2
+    run = tmp_path / "marlaas-quickstart" / "save"
+    assert versions_by_task(run) == {"add2": [1, 2], "mul1": [1, 2]}
+    adapter = run / "tasks" / "add2" / "adapters" / "v1"
+    assert (adapter / "adapter_model.safetensors").is_file()
+    assert (adapter / "optimizer.pt").is_file()
+
+
 @pytest.mark.slow
 def test_vllm_server_killed_mid_rollout_is_restarted_and_run_completes(tmp_path):
     tasks = tmp_path / "tasks.yaml"

@@ -114,6 +114,7 @@ class Runtime:
         kv_probe: Callable[[], int | None] | None = None,
         kv_poll_interval_s: float = 1.0,
         keep_adapters: int = 0,
+        save_retries: int = 2,
     ):
         self.tasks = {t.name: t for t in tasks}
         self.rollout = rollout
@@ -125,6 +126,7 @@ class Runtime:
         self.kv_probe = kv_probe
         self.kv_poll_interval_s = kv_poll_interval_s
         self.keep_adapters = keep_adapters
+        self.save_retries = save_retries
         self.core = SchedulerCore(
             mode=mode,
             kv_budget=kv_budget,
@@ -276,10 +278,7 @@ class Runtime:
         stats = self.trainer.train_task(a.task, batch)
         self.trainer.release_batch(batch)
         new = a.version + 1
-        folder = str(self.store.adapter_dir(a.task, new))
-        self.trainer.save_adapter(a.task, folder)
-        if hasattr(self.trainer, "save_task_state"):  # optimizer.pt, for resume
-            self.trainer.save_task_state(a.task, folder)
+        self._save(a.task, new, str(self.store.adapter_dir(a.task, new)))
         end = time.time()
         record = {
             "task": a.task,
@@ -303,6 +302,30 @@ class Runtime:
         if self.on_step is not None:
             self.on_step(record, stats)
         return TrainDone(a.task, new)
+
+    def _save(self, task: str, version: int, folder: str) -> None:
+        """Write version ``version``'s adapter and optimizer state, retrying a
+        failed write in place: the engine already holds that version, so the
+        phase retry (a new batch at the old version) would be refused as stale."""
+        for attempt in range(self.save_retries + 1):
+            try:
+                self.trainer.save_adapter(task, folder)
+                if hasattr(self.trainer, "save_task_state"):  # optimizer.pt
+                    self.trainer.save_task_state(task, folder)
+                return
+            except Exception as e:
+                if attempt == self.save_retries:
+                    raise RuntimeError(
+                        f"saving v{version} to {folder} failed "
+                        f"{attempt + 1}x (fault.save_retries={self.save_retries}): "
+                        f"{type(e).__name__}: {e}"
+                    ) from e
+                wait = min(2.0**attempt, 10.0)
+                logger.warning(
+                    f"task {task}: saving v{version} failed ({type(e).__name__}: "
+                    f"{e}); retrying in {wait:.0f} s"
+                )
+                time.sleep(wait)
 
     def _publish(self, a: StartPublish) -> PublishDone:
         start = time.time()

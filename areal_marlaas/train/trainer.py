@@ -346,6 +346,7 @@ class MultiTaskTrainer:
                 rollout_timeout=cfg.rollout.request_timeout,
                 on_step=self._progress,
                 keep_adapters=cfg.fault.keep_adapters,
+                save_retries=cfg.fault.save_retries,
                 **self._admission(),
             )
             self._t_run = time.time()
