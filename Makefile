@@ -20,7 +20,7 @@ test-slow: setup
 test-fault: setup
 	$(PY) -m pytest -m slow tests/test_fault_e2e.py tests/test_fault_server.py
 
-# AReaL's PPOTrainer driving our workflow through its own launcher (~7 min): CI.
+# AReaL's PPOTrainer driving our workflow through its own launcher (~5 min): CI.
 test-example: setup
 	$(PY) -m pytest -m slow tests/test_examples.py
 

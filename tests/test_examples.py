@@ -31,7 +31,7 @@ def run(argv: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
     )
 
 
-# AReaL's own launcher starts its own vLLM server and trainer: ~7 min on 2 cores,
+# AReaL's own launcher starts its own vLLM server and trainer: ~5 min on 2 cores,
 # so it runs with the slow set in CI (`make test-example`).
 @pytest.mark.slow
 def test_single_task_through_areal_ppotrainer(tmp_path):
