@@ -141,8 +141,8 @@ class RolloutServerConfig:
         metadata={
             "help": "CPU only: load areal-marlaas's vLLM plugin, which computes each "
             "adapter's LoRA as one GEMM over its tokens instead of vLLM's per-token "
-            "weight gather (a 1k-token multi-LoRA prefill: tens of seconds -> ~2 s "
-            "on one core). false = vLLM's own torch ops."
+            "weight gather (LoRA cost of a 1,320-token 3-adapter bf16 prefill on "
+            "one core: 14 s -> 4 s). false = vLLM's own torch ops."
         },
     )
     devices: str = field(
