@@ -53,7 +53,8 @@ def test_cpu_command_enables_runtime_multilora():
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "VLLM_CPU_KVCACHE_SPACE": "3",
         "VLLM_CPU_OMP_THREADS_BIND": "0",
-        "PYTHONPATH": str(VLLM_PLUGIN_DIR),  # the grouped CPU LoRA plugin
+        "PYTHONPATH": str(VLLM_PLUGIN_DIR),  # our CPU plugin
+        "MARLAAS_GROUPED_LORA": "1",
     }
     # The folder holds the module and the entry point vLLM discovers.
     assert (VLLM_PLUGIN_DIR / "marlaas_vllm_plugin.py").is_file()
@@ -61,10 +62,11 @@ def test_cpu_command_enables_runtime_multilora():
     assert "marlaas_vllm_plugin:register" in entry.read_text()
 
 
-def test_cpu_command_without_grouped_lora_leaves_pythonpath_unset():
+def test_cpu_command_without_grouped_lora_turns_only_the_lora_ops_off():
     _, env = build("cpu", cpu_grouped_lora=False)
 
-    assert "PYTHONPATH" not in env
+    assert env["MARLAAS_GROUPED_LORA"] == "0"
+    assert env["PYTHONPATH"] == str(VLLM_PLUGIN_DIR)  # the seeded-sampling fix
 
 
 def test_npu_command_uses_vllm_ascend_settings():

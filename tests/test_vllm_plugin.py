@@ -90,3 +90,4 @@ def test_real_server_loads_the_plugin_in_its_workers(vllm_server):
     log = Path(vllm_server.log_file).read_text()
 
     assert "marlaas: grouped CPU multi-LoRA kernels installed" in log
+    assert "marlaas: seeded sampling survives chunked prefill on CPU" in log

@@ -142,7 +142,9 @@ class RolloutServerConfig:
             "help": "CPU only: load areal-marlaas's vLLM plugin, which computes each "
             "adapter's LoRA as one GEMM over its tokens instead of vLLM's per-token "
             "weight gather (LoRA cost of a 1,320-token 3-adapter bf16 prefill on "
-            "one core: 14 s -> 4 s). false = vLLM's own torch ops."
+            "one core: 14 s -> 4 s). false = vLLM's own torch ops. (The plugin "
+            "loads on CPU either way: it also keeps seeded sampling working when "
+            "a prefill is chunked.)"
         },
     )
     devices: str = field(
@@ -251,9 +253,9 @@ def server_env(server: RolloutServerConfig, platform: str) -> dict[str, str]:
         if bind == "auto" and server.cpu_affinity:
             bind = server.cpu_affinity
         env["VLLM_CPU_OMP_THREADS_BIND"] = bind
-        if server.cpu_grouped_lora:
-            # The plugin's folder: its .dist-info registers the vLLM entry point.
-            env["PYTHONPATH"] = str(VLLM_PLUGIN_DIR)
+        # The plugin's folder: its .dist-info registers the vLLM entry point.
+        env["PYTHONPATH"] = str(VLLM_PLUGIN_DIR)
+        env["MARLAAS_GROUPED_LORA"] = "1" if server.cpu_grouped_lora else "0"
     elif platform == "npu":
         if server.devices:
             env["ASCEND_RT_VISIBLE_DEVICES"] = server.devices

@@ -1,4 +1,5 @@
-"""areal-marlaas's vLLM general plugin: grouped multi-LoRA kernels for the CPU backend.
+"""areal-marlaas's vLLM general plugin for the CPU backend: grouped multi-LoRA
+kernels, and seeded sampling that survives chunked prefill.
 
 Runs inside the vLLM server's own venv (this folder goes on its PYTHONPATH; the
 ``.dist-info`` beside it registers the ``vllm.general_plugins`` entry point, which
@@ -11,12 +12,21 @@ instructions that adds 14 s to a 1,320-token 3-adapter prefill (47 s vs 33 s for
 the base model), stalling every tenant at each round's start. Here each adapter in
 the batch is one GEMM over its own tokens, accumulated in float32. Token index -1
 (no adapter) contributes zero, as in vLLM's GPU kernels (the torch ops would
-index the last slot's weights instead).
+index the last slot's weights instead). ``MARLAAS_GROUPED_LORA=0`` keeps vLLM's ops.
+
+Seeded requests (vLLM 0.32): when a step only prefills part of a seeded prompt,
+the runner discards that step's sample and rewinds the request's generator with
+``get_offset``/``set_offset``, which CPU generators do not have; the engine core
+dies ("CPU Generator does not use offset"). Here the sampler snapshots each
+seeded generator before it draws, and a discarded request gets that snapshot
+back instead of the rewind: the draw is undone, as the rewind does on GPU.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 
 import torch
 
@@ -94,12 +104,77 @@ def bgmv_expand_slice(
         output_tensor[:, slice_offset : slice_offset + slice_size] = outputs[:]
 
 
-def register() -> None:
-    """vLLM's plugin hook (called once per process, maybe more: idempotent).
+# Each seeded CPU generator's state before this step's draw, by id (this step's
+# requests only, so finished requests' generators are not kept).
+_PRE_DRAW: dict[int, torch.Tensor] = {}
 
-    The ``sgmv_*`` (prefill) ops call ``bgmv_*`` through ``lora_ops``' globals;
-    ``punica_cpu`` imported the ``bgmv_*`` names itself, so both are rebound.
-    """
+
+def _snapshot_generators(forward):
+    @functools.wraps(forward)
+    def forward_with_snapshot(self, logits, sampling_metadata, *args, **kwargs):
+        global _PRE_DRAW
+        _PRE_DRAW = {
+            id(g): g.get_state()
+            for g in sampling_metadata.generators.values()
+            if g.device.type == "cpu"
+        }
+        return forward(self, logits, sampling_metadata, *args, **kwargs)
+
+    forward_with_snapshot._marlaas = True
+    return forward_with_snapshot
+
+
+def _undo_discarded_draws(bookkeeping):
+    @functools.wraps(bookkeeping)
+    def bookkeeping_without_offsets(self, *args, **kwargs):
+        gens = self.input_batch.generators
+        held = {}
+        if gens:
+            n = self.input_batch.num_reqs
+            for i in self.discard_request_mask.np[:n].nonzero()[0].tolist():
+                g = gens.get(i)
+                if g is None or g.device.type != "cpu":
+                    continue
+                if id(g) in _PRE_DRAW:
+                    g.set_state(_PRE_DRAW[id(g)])
+                # Hidden from the offset rewind, which CPU generators lack.
+                held[i] = gens.pop(i)
+        try:
+            return bookkeeping(self, *args, **kwargs)
+        finally:
+            gens.update(held)
+
+    bookkeeping_without_offsets._marlaas = True
+    return bookkeeping_without_offsets
+
+
+def install_seeded_sampling_fix() -> None:
+    from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if not getattr(Sampler.forward, "_marlaas", False):
+        Sampler.forward = _snapshot_generators(Sampler.forward)
+    if not getattr(GPUModelRunner._bookkeeping_sync, "_marlaas", False):
+        GPUModelRunner._bookkeeping_sync = _undo_discarded_draws(
+            GPUModelRunner._bookkeeping_sync
+        )
+    logger.info("marlaas: seeded sampling survives chunked prefill on CPU")
+
+
+def register() -> None:
+    """vLLM's plugin hook (called once per process, maybe more: idempotent)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    install_seeded_sampling_fix()
+    if os.environ.get("MARLAAS_GROUPED_LORA", "1") != "0":
+        install_grouped_lora()
+
+
+def install_grouped_lora() -> None:
+    """The ``sgmv_*`` (prefill) ops call ``bgmv_*`` through ``lora_ops``' globals;
+    ``punica_cpu`` imported the ``bgmv_*`` names itself, so both are rebound."""
     import vllm.lora.ops.torch_ops as torch_ops
     from vllm.lora.ops.torch_ops import lora_ops
     from vllm.lora.punica_wrapper import punica_cpu
