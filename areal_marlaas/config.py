@@ -508,6 +508,10 @@ class MARLaaSConfig(GRPOConfig):
             seen.add(task.name)
         self._check_lora_slot()
         self._check_lengths()
+        if self.fault.deterministic:
+            # The server's logprobs depend on what it batched (~1e-5); the
+            # trainer's own are a function of the tokens alone.
+            self.actor.recompute_logprob = True
 
     def _check_lora_slot(self) -> None:
         actor = self.actor

@@ -76,6 +76,19 @@ class FaultToleranceConfig:
             "version, so the save is retried in place, not the step."
         },
     )
+    deterministic: bool = field(
+        default=False,
+        metadata={
+            "help": "Reproducible runs: every rollout request gets a vLLM seed "
+            "derived from (tasks[i].seed, adapter version, prompt tokens, sample "
+            "index), and the trainer recomputes the old logprobs "
+            "(actor.recompute_logprob is set) so the loss does not see the "
+            "server's batch-dependent rounding. A run resumed after a crash then "
+            "commits bitwise the adapters an uninterrupted run commits. Costs one "
+            "extra trainer forward pass per step; vLLM samples seeded requests "
+            "one by one (a per-request loop on GPU)."
+        },
+    )
 
     def __post_init__(self):
         positive = {

@@ -33,6 +33,11 @@ from areal.infra.remote_inf_engine import RemoteInfEngine
 from areal.utils import logging, name_resolve, names
 
 from areal_marlaas.rollout.registry import AdapterRegistry, adapter_name
+from areal_marlaas.rollout.seeding import (
+    RequestSeeds,
+    current_request_seed,
+    request_seed,
+)
 from areal_marlaas.rollout.server import (
     RolloutServerConfig,
     clean_environ,
@@ -78,6 +83,9 @@ class MultiLoRAVLLMBackend(VLLMBackend):
         http = super().build_generation_request(req, with_lora, version)
         if req.gconfig.stop:
             http.payload["stop"] = list(req.gconfig.stop)
+        seed = current_request_seed()
+        if seed is not None:
+            http.payload["seed"] = seed
         return http
 
     def build_lora_load_request(self, name: str, path: str | Path) -> HttpRequest:
@@ -109,6 +117,7 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
             raise ValueError("rollout.use_lora must be true for multi-LoRA rollout.")
         super().__init__(without_global_staleness_gate(config), backend)
         self.adapters = AdapterRegistry()
+        self.seeds = RequestSeeds()
         self._retire_pool = ThreadPoolExecutor(4, thread_name_prefix="marlaas-retire")
         self._http = requests.Session()
         self._adapter_lock = threading.Lock()
@@ -131,7 +140,8 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         with self.adapters.lease(task) as version:
             token = _PINNED_VERSION.set(version)
             try:
-                return await super().agenerate(req)
+                with request_seed(self.seeds.next(task, version, req.input_ids)):
+                    return await super().agenerate(req)
             finally:
                 _PINNED_VERSION.reset(token)
 

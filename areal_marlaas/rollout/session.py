@@ -53,6 +53,15 @@ def task_workflow(
     if fault is not None and path == WORKFLOW:
         kwargs["reward_timeout_s"] = task.reward_timeout_s or fault.reward_timeout_s
         kwargs["reward_workers"] = fault.reward_workers
+    if fault is not None and fault.deterministic:
+        if path == WORKFLOW or (kind and path == kind.workflow):
+            kwargs["sampling_seed"] = task.seed
+        else:
+            logger.warning(
+                f"task {task.name}: fault.deterministic seeds only the built-in "
+                f"workflows; {path} samples unseeded unless it runs its episodes "
+                "inside areal_marlaas.rollout.seeding.seeded_sampling(seed)"
+            )
     return path, kwargs
 
 

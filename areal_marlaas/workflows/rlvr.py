@@ -11,6 +11,7 @@ from areal.utils.dynamic_import import import_from_string
 from areal.workflow.rlvr import RLVRWorkflow
 from transformers import PreTrainedTokenizerFast
 
+from areal_marlaas.rollout.seeding import seeded_sampling
 from areal_marlaas.workflows.reward import IsolatedReward
 
 logger = logging.getLogger("MARLaaSWorkflow")
@@ -47,6 +48,7 @@ class MultiTaskRLVRWorkflow(RLVRWorkflow):
         enable_thinking: bool = False,
         reward_timeout_s: float | None = None,
         reward_workers: int = 2,
+        sampling_seed: int | None = None,
         **kwargs: Any,
     ):
         super().__init__(
@@ -57,6 +59,8 @@ class MultiTaskRLVRWorkflow(RLVRWorkflow):
             **kwargs,
         )
         self.task = task
+        # Set: every request gets a seed derived from it (reproducible rollouts).
+        self.sampling_seed = sampling_seed
         if reward_timeout_s is not None:
             # Per-task isolated pool with a hard timeout instead of AReaL's shared
             # pool (which scores a timeout as 0 and leaves the call running).
@@ -72,7 +76,8 @@ class MultiTaskRLVRWorkflow(RLVRWorkflow):
 
     async def arun_episode(self, engine, data: dict[str, Any]) -> dict[str, Any] | None:
         try:
-            traj = await super().arun_episode(engine, data)
+            with seeded_sampling(self.sampling_seed):
+                traj = await super().arun_episode(engine, data)
         except Exception as e:
             _LAST_ERROR[self.task] = f"{type(e).__name__}: {e}"
             raise

@@ -30,6 +30,7 @@ from areal.utils.dynamic_import import import_from_string
 from areal.utils.hf_utils import apply_chat_template, load_hf_tokenizer
 from transformers import PreTrainedTokenizerFast
 
+from areal_marlaas.rollout.seeding import seeded_sampling
 from areal_marlaas.tasks.judge import JudgeClient
 from areal_marlaas.tasks.search import (
     ANSWER_CLOSE,
@@ -112,11 +113,13 @@ class SearchAgentWorkflow(RolloutWorkflow):
         search_fn: Callable[[str, int], list[Passage]] | str | None = None,
         response_prefix: str = "",
         enable_thinking: bool = False,
+        sampling_seed: int | None = None,
     ):
         if isinstance(tokenizer, str):
             tokenizer = load_hf_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.task = task
+        self.sampling_seed = sampling_seed
         stop = list(dict.fromkeys([*(gconfig.stop or []), *STOP_STRINGS]))
         self.gconfig = gconfig.new(lora_name=task, stop=stop)
         self.gconfig = self.gconfig.new_with_stop_and_pad_token_ids(tokenizer)
@@ -189,6 +192,10 @@ class SearchAgentWorkflow(RolloutWorkflow):
 
     # -- episode ----------------------------------------------------------------
     async def arun_episode(self, engine, data: dict[str, Any]) -> dict[str, Any] | None:
+        with seeded_sampling(self.sampling_seed):
+            return await self._episode(engine, data)
+
+    async def _episode(self, engine, data: dict[str, Any]) -> dict[str, Any] | None:
         prompt_ids = apply_chat_template(
             self.tokenizer,
             data["messages"],
