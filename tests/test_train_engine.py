@@ -48,7 +48,7 @@ def tiny(tmp_path_factory):
     }
 
 
-def make_engine(path, cls=MultiLoRAFSDPPPOActor):
+def make_engine(path, cls=MultiLoRAFSDPPPOActor, **overrides):
     cfg = PPOActorConfig(
         experiment_name="test",
         trial_name="engine",
@@ -61,6 +61,7 @@ def make_engine(path, cls=MultiLoRAFSDPPPOActor):
         lora_alpha=16,
         target_modules=["all-linear"],
         optimizer=OptimizerConfig(lr=1e-3),
+        **overrides,
     )
     engine = cls(cfg)
     engine.create_process_group()

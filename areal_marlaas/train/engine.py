@@ -9,6 +9,7 @@ Adapters are saved as LoRA parameters only, in the PEFT layout vLLM loads.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -16,6 +17,7 @@ import math
 import os
 import random
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,50 @@ class TaskSlot:
     actor: PPOActor
     version: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+    # The task's own RNG streams ("torch", "python", on GPU "cuda"): swapped in
+    # for its steps, so its randomness (dropout) is independent of the other
+    # tenants and of the process's history, and resumes exactly.
+    rng: dict[str, Any] = field(default_factory=dict)
+
+
+def _seeded_rng(seed: int) -> dict[str, Any]:
+    return {
+        "torch": torch.Generator().manual_seed(seed).get_state(),
+        "python": random.Random(seed).getstate(),
+    }
+
+
+@contextlib.contextmanager
+def _task_rng(slot: TaskSlot) -> Iterator[None]:
+    """Run with ``slot``'s RNG streams as the process's, then put them back."""
+    cuda = torch.cuda.is_available()
+    outer = (torch.get_rng_state(), random.getstate())
+    outer_cuda = torch.cuda.get_rng_state() if cuda else None
+    torch.set_rng_state(slot.rng["torch"])
+    random.setstate(slot.rng["python"])
+    if cuda:
+        if "cuda" in slot.rng:
+            torch.cuda.set_rng_state(slot.rng["cuda"])
+        else:
+            torch.cuda.manual_seed(slot.meta["seed"])
+    try:
+        yield
+    finally:
+        slot.rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        torch.set_rng_state(outer[0])
+        random.setstate(outer[1])
+        if cuda:
+            slot.rng["cuda"] = torch.cuda.get_rng_state()
+            torch.cuda.set_rng_state(outer_cuda)
+
+
+def _sort_target_modules(config: Path) -> None:
+    """PEFT writes target_modules from a set (order varies with the process's
+    hash seed); sorted, the same adapter gives the same bytes in every run."""
+    cfg = json.loads(config.read_text())
+    if isinstance(cfg.get("target_modules"), list):
+        cfg["target_modules"] = sorted(cfg["target_modules"])
+        config.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
@@ -156,8 +202,11 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
             eps=opt_cfg.eps,
         )
         scheduler = self._lr_schedule(optimizer, total_steps)
+        rng = None
         if init_adapter is not None and (Path(init_adapter) / TASK_STATE).is_file():
-            self._load_task_state(Path(init_adapter) / TASK_STATE, optimizer, scheduler)
+            rng = self._load_task_state(
+                Path(init_adapter) / TASK_STATE, optimizer, scheduler
+            )
         # GRPO: rewards normalized within each prompt's group, no KL, one
         # optimizer step per batch.
         actor_cfg = dataclasses.replace(
@@ -183,6 +232,7 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
                 "seed": seed,
                 "temperature": temperature,
             },
+            rng=rng or _seeded_rng(seed),
         )
 
     def _fresh_weights(self, seed: int) -> dict[str, torch.Tensor]:
@@ -264,7 +314,12 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
                 )
         data = [{k: v for k, v in t.items() if torch.is_tensor(v)} for t in batch]
         before = self._snapshot(slot)
-        with stats_tracker.scope(f"marlaas/{name}"):
+        with stats_tracker.scope(f"marlaas/{name}"), _task_rng(slot):
+            if slot.actor.config.should_compute_prox_logp():
+                # actor.recompute_logprob: the old logprobs come from this
+                # engine, not from the server (PPOTrainer does the same).
+                for traj, logp in zip(data, self.compute_logp(data)):
+                    traj["prox_logp"] = logp
             data = self.compute_advantages(data)
             self.ppo_update(data)
             stats = stats_tracker.export(reset=True)
@@ -285,6 +340,7 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
         return {
             "weights": {n: _local(p).detach().clone() for n, p in self._lora.items()},
             "optimizer": copy.deepcopy(slot.optimizer.state_dict()),
+            "rng": slot.rng,
         }
 
     def _restore(self, slot: TaskSlot, snap: dict[str, Any]) -> None:
@@ -293,6 +349,7 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
                 _local(p).copy_(snap["weights"][n])
         slot.optimizer.load_state_dict(snap["optimizer"])
         slot.optimizer.zero_grad(set_to_none=True)
+        slot.rng = snap["rng"]
 
     def _non_finite(self, name: str, stats: dict[str, float]) -> str:
         """What was not finite in the step just taken ("" if all was)."""
@@ -342,6 +399,7 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
         peft_cfg = self.model.peft_config["default"]
         peft_cfg.base_model_name_or_path = self.config.path
         peft_cfg.save_pretrained(str(tmp))
+        _sort_target_modules(tmp / "adapter_config.json")
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
         return str(path)
@@ -356,10 +414,7 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
             "version": slot.version,
             "optimizer": slot.optimizer.state_dict(),
             "lr_scheduler": slot.lr_scheduler.state_dict(),
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "python": random.getstate(),
-            },
+            "rng": slot.rng,
         }
         path = Path(path) / TASK_STATE
         tmp = path.with_name(f".{path.name}.tmp")
@@ -369,16 +424,16 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
         os.replace(tmp, path)
         return str(path)
 
-    def _load_task_state(self, path: Path, optimizer, scheduler) -> None:
+    def _load_task_state(
+        self, path: Path, optimizer, scheduler
+    ) -> dict[str, Any] | None:
+        """Restore the optimizer and LR schedule; return the task's RNG streams."""
         state = torch.load(path, map_location="cpu", weights_only=False)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["lr_scheduler"])
         rng = state.get("rng") or {}
-        if "torch" in rng:
-            torch.set_rng_state(rng["torch"])
-        if "python" in rng:
-            random.setstate(rng["python"])
         logger.info(f"restored optimizer/LR/RNG state from {path}")
+        return rng if {"torch", "python"} <= rng.keys() else None
 
     def _read_adapter(self, path: Path) -> dict[str, torch.Tensor]:
         state = load_file(path / "adapter_model.safetensors")
