@@ -33,26 +33,25 @@ _SEED_MASK = (1 << 63) - 1
 
 
 @contextlib.contextmanager
-def seeded_sampling(seed: int | None) -> Iterator[None]:
-    """Seed the requests of the episode run inside (``None``: leave unseeded)."""
-    token = _TASK_SEED.set(seed)
+def _bound(var: contextvars.ContextVar, value: int | None) -> Iterator[None]:
+    token = var.set(value)
     try:
         yield
     finally:
-        _TASK_SEED.reset(token)
+        var.reset(token)
+
+
+def seeded_sampling(seed: int | None) -> contextlib.AbstractContextManager[None]:
+    """Seed the requests of the episode run inside (``None``: leave unseeded)."""
+    return _bound(_TASK_SEED, seed)
 
 
 def task_seed() -> int | None:
     return _TASK_SEED.get()
 
 
-@contextlib.contextmanager
-def request_seed(seed: int | None) -> Iterator[None]:
-    token = _REQUEST_SEED.set(seed)
-    try:
-        yield
-    finally:
-        _REQUEST_SEED.reset(token)
+def request_seed(seed: int | None) -> contextlib.AbstractContextManager[None]:
+    return _bound(_REQUEST_SEED, seed)
 
 
 def current_request_seed() -> int | None:
