@@ -84,24 +84,23 @@ def _seeded_rng(seed: int) -> dict[str, Any]:
 def _task_rng(slot: TaskSlot) -> Iterator[None]:
     """Run with ``slot``'s RNG streams as the process's, then put them back."""
     cuda = torch.cuda.is_available()
-    outer = (torch.get_rng_state(), random.getstate())
-    outer_cuda = torch.cuda.get_rng_state() if cuda else None
-    torch.set_rng_state(slot.rng["torch"])
-    random.setstate(slot.rng["python"])
-    if cuda:
-        if "cuda" in slot.rng:
-            torch.cuda.set_rng_state(slot.rng["cuda"])
-        else:
-            torch.cuda.manual_seed(slot.meta["seed"])
-    try:
-        yield
-    finally:
-        slot.rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        torch.set_rng_state(outer[0])
-        random.setstate(outer[1])
+    outer_python = random.getstate()
+    # fork_rng restores the process's torch (and CUDA) state on exit.
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else []):
+        torch.set_rng_state(slot.rng["torch"])
+        random.setstate(slot.rng["python"])
         if cuda:
-            slot.rng["cuda"] = torch.cuda.get_rng_state()
-            torch.cuda.set_rng_state(outer_cuda)
+            if "cuda" in slot.rng:
+                torch.cuda.set_rng_state(slot.rng["cuda"])
+            else:
+                torch.cuda.manual_seed(slot.meta["seed"])
+        try:
+            yield
+        finally:
+            slot.rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+            if cuda:
+                slot.rng["cuda"] = torch.cuda.get_rng_state()
+            random.setstate(outer_python)
 
 
 def _sort_target_modules(config: Path) -> None:
