@@ -13,6 +13,12 @@ from areal.utils import logging
 
 logger = logging.getLogger("MARLaaSAdapters")
 
+
+def adapter_name(task: str, version: int) -> str:
+    """The served model name of a task version (AReaL's ``get_versioned_lora_name``)."""
+    return f"{task}-v{version}"
+
+
 # vLLM's --max-lora-rank accepts only these values.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from areal.api.workflow_api import RolloutWorkflow
 from areal.utils.dynamic_import import import_from_string
 
-from areal_marlaas.admission import KVModel, task_kv_bytes
+from areal_marlaas import admission
+from areal_marlaas.admission import KVModel
 from areal_marlaas.config import ConfigError, MARLaaSConfig, TaskSpec
-from areal_marlaas.rollout.server import detect_platform, server_block_size
 from areal_marlaas.scheduler.core import (
     AdmissionError,
     HoldRollout,
@@ -43,22 +43,6 @@ def _import(where: str, path: str):
         raise ConfigError(f"{where}: cannot import {path!r} ({e}).") from e
 
 
-def server_platform(cfg: MARLaaSConfig) -> str:
-    return detect_platform() if cfg.server.platform == "auto" else cfg.server.platform
-
-
-def kv_model(cfg: MARLaaSConfig) -> KVModel:
-    block = server_block_size(cfg.vllm.block_size, server_platform(cfg))
-    return KVModel.from_model_dir(cfg.actor.path, cfg.vllm.dtype, block)
-
-
-def kv_capacity_bytes(cfg: MARLaaSConfig) -> int | None:
-    """The KV cache a launched CPU server gets; None when only the server knows."""
-    if cfg.server.addresses or server_platform(cfg) != "cpu":
-        return None
-    return int(cfg.server.cpu_kvcache_space_gib * 2**30)
-
-
 def check_task(i: int, task: TaskSpec, kv: KVModel, capacity: int | None) -> TaskReport:
     where = f"tasks.{i} ({task.name!r})"
     rows = load_task_rows(task) if task.kind else []
@@ -74,9 +58,7 @@ def check_task(i: int, task: TaskSpec, kv: KVModel, capacity: int | None) -> Tas
                 f"{where}: workflow {task.workflow!r} is not a RolloutWorkflow "
                 "subclass."
             )
-    need = task_kv_bytes(
-        kv, task.max_prompt_tokens, task.max_new_tokens, task.batch_size, task.n_samples
-    )
+    need = kv.task_bytes(task)
     if capacity is not None and need > capacity:
         raise ConfigError(
             f"{where}: batch_size x n_samples = {task.batch_size * task.n_samples} "
@@ -91,16 +73,6 @@ def check_task(i: int, task: TaskSpec, kv: KVModel, capacity: int | None) -> Tas
     )
 
 
-def config_kv_budget(cfg: MARLaaSConfig) -> int | None:
-    """The budget the config implies before any server is asked (None = unknown
-    until the server reports its capacity)."""
-    sched = cfg.scheduler
-    if sched.kv_budget_bytes:
-        return sched.kv_budget_bytes
-    capacity = kv_capacity_bytes(cfg)
-    return None if capacity is None else int(capacity * sched.kv_budget_fraction)
-
-
 @dataclass
 class AdmissionPlan:
     budget: int | None
@@ -111,7 +83,7 @@ class AdmissionPlan:
 def admission_plan(cfg: MARLaaSConfig, reports: list[TaskReport]) -> AdmissionPlan:
     """Which tasks the scheduler admits at the start and which it holds, as the
     pure core decides it for this config."""
-    budget = config_kv_budget(cfg)
+    budget = admission.budget(cfg, admission.configured_capacity(cfg))
     core = SchedulerCore(
         mode=cfg.scheduler.mode, kv_budget=budget, max_rolling=cfg.scheduler.max_rolling
     )
@@ -146,8 +118,8 @@ def check_config(
             f"actor.path: {model} is not a model folder (no config.json); run "
             "`marlaas prepare-model` or point actor.path at a HF model folder."
         )
-    kv = kv_model(cfg)
-    capacity = kv_capacity_bytes(cfg)
+    kv = KVModel.for_config(cfg)
+    capacity = admission.configured_capacity(cfg)
     reports = []
     for i, task in enumerate(cfg.tasks):
         try:

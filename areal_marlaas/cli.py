@@ -76,8 +76,8 @@ def _serve(rest: list[str]) -> int:
 
 def _rollout(rest: list[str]) -> int:
     """One rollout batch per task on the shared multi-LoRA server (no training)."""
+    from areal_marlaas.bench.rollout import print_table, rollout_once
     from areal_marlaas.config import load_config
-    from areal_marlaas.rollout_bench import print_table, rollout_once
 
     cfg, _ = load_config(rest)
     result = rollout_once(cfg)
@@ -102,13 +102,8 @@ def _bench_rollout(rest: list[str]) -> int:
     """Tokens/s of a mixed multi-adapter batch vs a single-adapter batch."""
     import argparse
 
+    from areal_marlaas.bench.rollout import bench_rollout, print_table, write_json
     from areal_marlaas.config import load_config
-    from areal_marlaas.rollout_bench import (
-        bench_rollout,
-        print_table,
-        run_dir,
-        write_json,
-    )
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--repeats", type=int, default=2)
@@ -128,7 +123,7 @@ def _bench_rollout(rest: list[str]) -> int:
         ["mode", "adapters", "sequences", "failed", "tokens", "wall_s", "tokens_per_s"],
     )
     print(f"mixed / single tokens/s: {result['mixed_over_single']:.3f}")
-    out = Path(opts.out) if opts.out else run_dir(cfg) / "bench_rollout.json"
+    out = Path(opts.out) if opts.out else cfg.run_dir / "bench_rollout.json"
     write_json(out, result)
     print(f"wrote {out}")
     return 0
@@ -147,7 +142,6 @@ def _bench_learning(rest: list[str]) -> int:
 
     from areal_marlaas.bench.learning import bench_learning, format_learning
     from areal_marlaas.config import load_config
-    from areal_marlaas.train.trainer import run_dir
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--out", default=None)
@@ -156,7 +150,7 @@ def _bench_learning(rest: list[str]) -> int:
     out = (
         Path(opts.out)
         if opts.out
-        else run_dir(cfg).with_name(cfg.trial_name + "-report")
+        else cfg.run_dir.with_name(cfg.trial_name + "-report")
     )
     print(format_learning(bench_learning(cfg, out)))
     return 0
@@ -186,7 +180,8 @@ def _bench(rest: list[str]) -> int:
     """Every scheduling mode, ablations and a concurrency sweep on one workload."""
     import signal
 
-    from areal_marlaas.bench.suite import Bench, format_result, load_bench_config
+    from areal_marlaas.bench.report import format_result
+    from areal_marlaas.bench.run import Bench, load_bench_config
 
     def _terminate(signum, frame):
         # Unwind, so the server and the running trainer (own sessions) are stopped.
@@ -274,6 +269,18 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_docs(args: argparse.Namespace) -> int:
+    from areal_marlaas.config.reference import generate
+
+    text = generate()
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}")
+    else:
+        print(text, end="")
+    return 0
+
+
 def _models(d: dict):
     from areal_marlaas.sim.models import LatencyModels
 
@@ -327,6 +334,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="Steps per tenant")
     p.add_argument("--out", default=None, help="JSON (default: <bench>/sim.json)")
     p.set_defaults(fn=_simulate)
+
+    p = sub.add_parser(
+        "config-docs", help="Write the configuration reference (docs/config.md)"
+    )
+    p.add_argument("--out", default=None, help="File (default: print it)")
+    p.set_defaults(fn=_config_docs)
 
     p = sub.add_parser("make-tiny-model", help="Write a tiny random model for tests")
     p.add_argument("--out", required=True)

@@ -14,17 +14,18 @@ import sys
 from areal.api.io_struct import FinetuneSpec
 from areal.utils.hf_utils import load_hf_tokenizer
 
+from areal_marlaas.admission import KVModel
 from areal_marlaas.config import load_config
 from areal_marlaas.manager.store import RunStore
 from areal_marlaas.rollout.session import RolloutSession
-from areal_marlaas.scheduler.runtime import Runtime
+from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
-from areal_marlaas.train.trainer import add_tenant, run_dir, single_rank_env
+from areal_marlaas.train.trainer import add_tenant, single_rank_env
 
 
 def main(argv: list[str]) -> None:
     cfg, _ = load_config(argv)
-    store = RunStore(run_dir(cfg))
+    store = RunStore(cfg.run_dir)
 
     # The trainer: one FSDP rank in this process, one LoRA slot, one state per task.
     single_rank_env()
@@ -35,15 +36,15 @@ def main(argv: list[str]) -> None:
     # Each tenant: its own LoRA weights, AdamW state and GRPO actor on the trainer,
     # a committed v0 adapter, and its prompts/workflow for the runtime.
     tokenizer = load_hf_tokenizer(cfg.tokenizer_path)
-    runs = [
-        add_tenant(actor, s, store, tokenizer, cfg.tokenizer_path) for s in cfg.tasks
-    ]
+    kv = KVModel.for_config(cfg)
+    runs = [add_tenant(actor, s, store, tokenizer, cfg, kv) for s in cfg.tasks]
 
     # The shared multi-LoRA server and AReaL's remote vLLM engine (subclassed).
     with RolloutSession(cfg, store.root) as session:
         for spec in cfg.tasks:
             session.engine.register_task(spec.name, 0, store.adapter_dir(spec.name, 0))
-        summary = Runtime(runs, session.engine, actor, store).run()
+        options = RuntimeOptions(mode=cfg.scheduler.mode)
+        summary = Runtime(runs, session.engine, actor, store, options).run()
     actor.destroy()
 
     for name, t in summary["tasks"].items():

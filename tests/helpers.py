@@ -32,3 +32,55 @@ def assert_bitwise_equal(a, b) -> None:
         assert torch.equal(a, b)
     else:
         assert a == b
+
+
+def trajectory_summary(traj) -> dict:
+    """Plain-Python view of one (possibly grouped) trajectory."""
+    mask = traj["loss_mask"].bool()
+    out = []
+    for i in range(traj["input_ids"].shape[0]):
+        m = mask[i]
+        out.append(
+            {
+                "output_ids": traj["input_ids"][i][m].tolist(),
+                "logprobs": traj["logprobs"][i][m].tolist(),
+                "versions": sorted(set(traj["versions"][i][m].tolist())),
+                "reward": float(traj["rewards"][i]),
+            }
+        )
+    return {"task": traj.get("task"), "samples": out}
+
+
+class LeaseLog:
+    """A registry listener that keeps every lease, publish and retire (tests read
+    what the product no longer stores)."""
+
+    def __init__(self):
+        self.leases: list[list] = []  # [name, start, end]
+        self.published_at: dict[str, float] = {}
+        self.retired_at: dict[str, float] = {}
+        self._open: dict[str, list[list]] = {}
+
+    def leased(self, name: str, start: float) -> None:
+        rec = [name, start, None]
+        self.leases.append(rec)
+        self._open.setdefault(name, []).append(rec)
+
+    def released(self, name: str, end: float) -> None:
+        self._open[name].pop(0)[2] = end
+
+    def published(self, name: str, at: float) -> None:
+        self.published_at[name] = at
+
+    def retired(self, name: str, at: float) -> None:
+        self.retired_at[name] = at
+
+    def inflight(self, name: str) -> int:
+        return len(self._open.get(name, []))
+
+
+def ok(item) -> bool:
+    """A trajectory, not a failed episode's marker (or None)."""
+    from areal_marlaas.trajectory import failure_reason
+
+    return item is not None and failure_reason(item) is None

@@ -179,7 +179,8 @@ def bench_yaml(tmp_path: Path) -> Path:
 
 
 def test_plan_runs_replicas_modes_ablation_and_sweep(bench_yaml):
-    from areal_marlaas.bench.suite import load_bench_config, plan_runs
+    from areal_marlaas.bench.plan import plan_runs
+    from areal_marlaas.bench.run import load_bench_config
 
     bench, cfg, _, overrides = load_bench_config(
         ["--config", str(bench_yaml), "tasks.0.batch_size=4"]
@@ -207,7 +208,8 @@ def test_plan_runs_replicas_modes_ablation_and_sweep(bench_yaml):
 
 
 def test_plan_runs_task_mix_kept_then_cycled(bench_yaml):
-    from areal_marlaas.bench.suite import load_bench_config, plan_runs
+    from areal_marlaas.bench.plan import plan_runs
+    from areal_marlaas.bench.run import load_bench_config
 
     bench, cfg, _, _ = load_bench_config(
         ["--config", str(bench_yaml), "bench.task=", "bench.replicas=3"]
@@ -228,14 +230,15 @@ def test_plan_runs_task_mix_kept_then_cycled(bench_yaml):
     ],
 )
 def test_bench_config_bad_value_names_the_field(bench_yaml, override, match):
-    from areal_marlaas.bench.suite import load_bench_config
+    from areal_marlaas.bench.run import load_bench_config
 
     with pytest.raises(ConfigError, match=match):
         load_bench_config(["--config", str(bench_yaml), override])
 
 
 def test_bench_config_unknown_task_lists_names(bench_yaml):
-    from areal_marlaas.bench.suite import load_bench_config, plan_runs
+    from areal_marlaas.bench.plan import plan_runs
+    from areal_marlaas.bench.run import load_bench_config
 
     bench, cfg, _, _ = load_bench_config(
         ["--config", str(bench_yaml), "bench.task=nope"]
@@ -246,7 +249,7 @@ def test_bench_config_unknown_task_lists_names(bench_yaml):
 
 def test_outputs_written_small_with_plots(tmp_path, run_dir):
     pytest.importorskip("matplotlib")
-    from areal_marlaas.bench.suite import compact_run, write_outputs
+    from areal_marlaas.bench.report import compact_run, write_outputs
 
     out = tmp_path / "out"
     run = load_run(run_dir)

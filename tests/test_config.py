@@ -129,7 +129,8 @@ BAD = {
     "misspelt override": (
         [task("t_a")],
         ["tasks.0.bach_size=3"],
-        "Key 'bach_size' not in 'TaskSpec' [at tasks[0].bach_size] (task 't_a')",
+        "unknown field 'tasks[0].bach_size': no such setting; check the spelling. "
+        "(task 't_a')",
     ),
     "bad override value": (
         [task("t_a")],
@@ -219,7 +220,7 @@ def test_check_prints_the_admission_plan_for_a_budget(capsys, tmp_path, main_yam
 
 
 def test_shipped_bench_config_loads(model_path):
-    from areal_marlaas.bench.suite import load_bench_config
+    from areal_marlaas.bench.run import load_bench_config
 
     bench, cfg, _, _ = load_bench_config(
         ["--config", str(REPO / "configs" / "bench.yaml")]
@@ -227,3 +228,12 @@ def test_shipped_bench_config_loads(model_path):
 
     assert bench.replicas == 8 and set(bench.modes) >= {"async", "sync", "sequential"}
     assert cfg.tasks[0].name == bench.task
+
+
+def test_config_reference_is_up_to_date():
+    from areal_marlaas.config.reference import generate
+
+    committed = (REPO / "docs" / "config.md").read_text()
+    assert committed == generate(), (
+        "docs/config.md is stale: run `marlaas config-docs --out docs/config.md`"
+    )

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from areal_marlaas.manager.store import read_jsonl
+from areal_marlaas.metrics.runlog import read_jsonl
 
 from .conftest import REPO
 

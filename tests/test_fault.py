@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from areal_marlaas.config import FaultToleranceConfig
 from areal_marlaas.errors import ConfigError
-from areal_marlaas.fault import FaultToleranceConfig
-from areal_marlaas.manager.store import RunStore, read_jsonl
+from areal_marlaas.manager.store import RunStore
+from areal_marlaas.metrics.runlog import read_jsonl
 from areal_marlaas.rollout import reaper
 from areal_marlaas.rollout.server import (
     RolloutServerConfig,
@@ -214,12 +215,17 @@ class StandInServer(VLLMServer):
 class FakeBackend:
     def __init__(self):
         self.loaded: list[tuple[str, int, str]] = []
+        self.current: dict[str, tuple[int, str]] = {}
 
     def register_task(self, task, version, path):
         self.loaded.append((task, version, str(path)))
+        self.current[task] = (version, str(path))
 
     def publish(self, task, version, path):
-        self.loaded.append((task, version, str(path)))
+        self.register_task(task, version, path)
+
+    def served(self):
+        return dict(self.current)
 
     def rollout_task(self, rows, *args, **kwargs):
         return [{"row": r} for r in rows]

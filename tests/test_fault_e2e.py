@@ -16,11 +16,12 @@ import pytest
 import torch
 
 from areal_marlaas.config import load_config
-from areal_marlaas.manager.store import read_jsonl
+from areal_marlaas.metrics.runlog import read_jsonl
 from areal_marlaas.rollout.reaper import group_members
 from areal_marlaas.train.trainer import MultiTaskTrainer
 
 from .conftest import REPO
+from .helpers import LeaseLog
 
 pytestmark = pytest.mark.vllm
 
@@ -266,12 +267,14 @@ def test_vllm_server_killed_mid_rollout_is_restarted_and_run_completes(tmp_path)
     killed: dict[str, float] = {}
 
     def kill_during_a_rollout() -> None:
+        log = LeaseLog()
         while "t" not in killed:
             session = trainer.session
             engine = session.engine if session else None
             if engine is not None and session.supervisor is not None:
-                inflight = [r for r in engine.adapters.records if r.end is None]
-                if inflight and len(engine.adapters.records) > 8:
+                engine.adapters.listener = engine.adapters.listener or log
+                inflight = [r for r in log.leases if r[2] is None]
+                if inflight and len(log.leases) > 8:
                     pgid = session.server.process.pid
                     for pid in group_members(pgid):
                         if pid != pgid:

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from areal_marlaas.config import ConfigError, SearchConfig, TaskDatasetConfig, TaskSpec
-from areal_marlaas.rollout.session import WORKFLOW, task_workflow
 from areal_marlaas.tasks import KINDS, SEARCH_WORKFLOW, load_task_rows
 from areal_marlaas.tasks.competition_math import math_verify_reward_fn, reference_answer
+from areal_marlaas.workflows import RLVR_WORKFLOW as WORKFLOW
+from areal_marlaas.workflows import task_workflow
 
 from .conftest import SHARED_DATA
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from areal_marlaas.config import load_config
-from areal_marlaas.manager.store import read_jsonl
+from areal_marlaas.metrics.runlog import read_jsonl
 from areal_marlaas.train.trainer import MultiTaskTrainer
 
 from .conftest import REPO
@@ -84,12 +84,11 @@ def cross_task_overlaps(xs: list[dict], ys: list[dict]) -> bool:
 
 
 def test_async_with_budget_for_one_batch_holds_the_second_task(tmp_path, vllm_server):
-    from areal_marlaas.admission import task_kv_bytes
-    from areal_marlaas.check import kv_model
+    from areal_marlaas.admission import KVModel, task_kv_bytes
 
     # A budget of 1.5 batches: one task rolls out at a time.
     cfg, _ = load_config(["--config", str(REPO / "configs" / "quickstart.yaml")])
-    one = task_kv_bytes(kv_model(cfg), 256, 24, 2, 2)
+    one = task_kv_bytes(KVModel.for_config(cfg), 256, 24, 2, 2)
     budget = int(one * 1.5)
 
     summary, intervals, admission = run_mode(

@@ -12,9 +12,9 @@ from areal_marlaas.config import load_config
 from areal_marlaas.rollout.controller import MultiTaskRolloutController
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
-from areal_marlaas.workflows.rlvr import trajectory_summary
 
 from .conftest import REPO
+from .helpers import ok, trajectory_summary
 
 pytestmark = pytest.mark.vllm
 
@@ -60,7 +60,7 @@ def test_local_scheduler_controller_routes_and_publishes_per_task(
 
         assert ctrl.task_version("s_a") == 1 and ctrl.task_version("s_b") == 0
         for trajs, version in ((before, 0), (after, 1)):
-            assert len(trajs) == 3 and all(t is not None for t in trajs)
+            assert len(trajs) == 3 and all(ok(t) for t in trajs)
             for traj in trajs:
                 # Tensors stay on the rollout worker until fetched (AReaL RTensors).
                 assert isinstance(traj["input_ids"], RTensor)

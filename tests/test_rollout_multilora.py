@@ -13,7 +13,8 @@ from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.rollout.metrics import scrape
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
-from areal_marlaas.workflows.rlvr import trajectory_summary
+
+from .helpers import LeaseLog, ok, trajectory_summary
 
 pytestmark = pytest.mark.vllm
 
@@ -79,7 +80,11 @@ def test_register_three_tasks_serves_each_as_task_v0(
     models = served_models(vllm_server.address)
 
     assert {"r_a-v0", "r_b-v0", "r_c-v0"} <= models
-    assert engine.adapters.tasks() == {"r_a": 0, "r_b": 0, "r_c": 0}
+    assert {t: v for t, (v, _) in engine.served().items()} == {
+        "r_a": 0,
+        "r_b": 0,
+        "r_c": 0,
+    }
 
 
 def test_greedy_same_prompt_yields_adapter_specific_outputs(
@@ -125,7 +130,7 @@ def test_mixed_batch_of_three_tasks_is_served_together(
     assert any({"m_a-v0", "m_b-v0", "m_c-v0"} <= s for s in running_sets)
     for task in tasks:
         trajs = results[task]
-        assert len(trajs) == len(rows) and all(t is not None for t in trajs)
+        assert len(trajs) == len(rows) and all(ok(t) for t in trajs)
         for traj in trajs:
             summary = trajectory_summary(traj)
             assert summary["task"] == task
@@ -146,7 +151,7 @@ def test_publish_new_version_while_other_tasks_generate_fails_nothing(
         engine.register_task(task, 0, path)
     rows = make_arithmetic_rows("addition", 6, 2, seed=5)
     gen = dict(max_new_tokens=32)
-    registry = engine.adapters
+    engine.adapters.listener = log = LeaseLog()
     out: dict = {}
 
     def others():
@@ -172,9 +177,9 @@ def test_publish_new_version_while_other_tasks_generate_fails_nothing(
     # Publish once all of p_a's first batch (3 prompts x 2) and some of the other
     # tasks' requests are in flight.
     while not (
-        registry.inflight("p_a-v0") == 6
-        and registry.inflight("p_b-v0")
-        and registry.inflight("p_c-v0")
+        log.inflight("p_a-v0") == 6
+        and log.inflight("p_b-v0")
+        and log.inflight("p_c-v0")
     ):
         assert time.monotonic() < deadline, "rollouts never got in flight"
         time.sleep(0.05)
@@ -190,7 +195,7 @@ def test_publish_new_version_while_other_tasks_generate_fails_nothing(
     # No request failed anywhere, and every token came from the version it was
     # pinned to.
     for key, want in (("p_b", 0), ("p_c", 0), ("p_a_v0", 0), ("p_a_v1", 1)):
-        assert all(t is not None for t in out[key]), key
+        assert all(ok(t) for t in out[key]), key
         for traj in out[key]:
             for s in trajectory_summary(traj)["samples"]:
                 assert s["versions"] == [want], key
@@ -198,14 +203,13 @@ def test_publish_new_version_while_other_tasks_generate_fails_nothing(
     # The other tasks really were generating while p_a published.
     for name in ("p_b-v0", "p_c-v0", "p_a-v0"):
         assert any(
-            r.name == name and r.start < t_publish < (r.end or 0)
-            for r in registry.records
+            n == name and start < t_publish < (end or 0) for n, start, end in log.leases
         ), name
     # p_a-v0 got no new request once v1 was live, and was unloaded only after its
     # last request finished.
-    a_v0 = [r for r in registry.records if r.name == "p_a-v0"]
-    assert all(r.start < registry.published_at("p_a-v1") for r in a_v0)
-    assert registry.retired_at("p_a-v0") >= max(r.end for r in a_v0)
+    a_v0 = [(start, end) for n, start, end in log.leases if n == "p_a-v0"]
+    assert all(start < log.published_at["p_a-v1"] for start, _ in a_v0)
+    assert log.retired_at["p_a-v0"] >= max(end for _, end in a_v0)
     models = served_models(vllm_server.address)
     assert "p_a-v0" not in models
     assert {"p_a-v1", "p_b-v0", "p_c-v0"} <= models

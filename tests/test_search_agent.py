@@ -178,7 +178,11 @@ def test_two_searches_then_answer_masks_tool_tokens_and_keeps_generated_ids(
 
     traj = run(wf, engine, row())
 
-    assert set(traj) == RLVR_KEYS | {"rewards", "task"} and traj["task"] == "wiki"
+    extras = {"rewards", "task", "served_adapters", "env_intervals"}
+    assert set(traj) == RLVR_KEYS | extras and traj["task"] == "wiki"
+    # Two searches: two env intervals (start, end), in order.
+    env = traj["env_intervals"]
+    assert len(env) == 4 and env[0] <= env[1] <= env[2] <= env[3]
     length = traj["input_ids"].shape[1]
     for key in RLVR_KEYS:
         assert traj[key].shape == (1, length)

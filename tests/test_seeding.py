@@ -12,10 +12,10 @@ from areal.api.io_struct import ModelRequest
 
 from areal_marlaas.rollout.engine import MultiLoRAVLLMBackend
 from areal_marlaas.rollout.seeding import RequestSeeds, request_seed, seeded_sampling
-from areal_marlaas.rollout.session import task_workflow
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
-from areal_marlaas.workflows.rlvr import trajectory_summary
+from areal_marlaas.workflows import task_workflow
 
+from .helpers import trajectory_summary
 from .test_rollout_multilora import REWARD, WORKFLOW, run_concurrently
 from .test_rollout_multilora import engine as engine  # noqa: F401
 
@@ -85,8 +85,7 @@ def test_generation_request_carries_the_request_seed_only_when_set():
 
 
 def test_deterministic_fault_config_seeds_builtin_workflows(tmp_path):
-    from areal_marlaas.config import TaskSpec
-    from areal_marlaas.fault import FaultToleranceConfig
+    from areal_marlaas.config import FaultToleranceConfig, TaskSpec
 
     spec = TaskSpec(name="add2", kind="addition", seed=5)
     _, on = task_workflow(spec, "tok", FaultToleranceConfig(deterministic=True))

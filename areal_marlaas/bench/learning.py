@@ -15,16 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from areal_marlaas.config import MARLaaSConfig
-from areal_marlaas.manager.store import read_jsonl
-from areal_marlaas.train.trainer import MultiTaskTrainer, format_summary
-
-
-def rewards_of(run_dir: str | Path, task: str) -> list[float]:
-    steps = sorted(
-        (s for s in read_jsonl(Path(run_dir) / "steps.jsonl") if s["task"] == task),
-        key=lambda s: s["version"],
-    )
-    return [s["reward_mean"] for s in steps]
+from areal_marlaas.metrics.runlog import rewards_of
+from areal_marlaas.train.screen import format_summary
+from areal_marlaas.train.trainer import MultiTaskTrainer
 
 
 def trend(rewards: list[float], window: int = 5) -> dict[str, float]:
@@ -135,8 +128,10 @@ def evaluate_adapters(
 ) -> dict[str, float]:
     """Mean reward of each adapter on held-out prompts of the config's first task
     (same kind, another seed), at the task's temperature."""
-    from areal_marlaas.rollout.session import RolloutSession, task_workflow
+    from areal_marlaas.rollout.session import RolloutSession
     from areal_marlaas.tasks import load_task_rows
+    from areal_marlaas.trajectory import failure_reason
+    from areal_marlaas.workflows import task_workflow
 
     base = cfg.tasks[0]
     held_out = dataclasses.replace(base, seed=base.seed + 10_000)
@@ -149,6 +144,11 @@ def evaluate_adapters(
             spec = dataclasses.replace(base, name=name)
             workflow, kwargs = task_workflow(spec, cfg.tokenizer_path)
             trajs = session.engine.rollout_task(rows, workflow, kwargs, samples)
-            rewards = [float(r) for t in trajs if t is not None for r in t["rewards"]]
+            rewards = [
+                float(r)
+                for t in trajs
+                if t is not None and failure_reason(t) is None
+                for r in t["rewards"]
+            ]
             out[label] = statistics.fmean(rewards)
     return out

@@ -16,15 +16,13 @@ Definitions (all times in seconds, absolute ``time.time()`` stamps in the logs):
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
-from areal_marlaas.manager.store import read_jsonl
+from areal_marlaas.metrics.runlog import load_run, phase_records
 
-PHASES = ("wait", "rollout", "env", "queue", "train", "publish")
+__all__ = ["load_run", "ratios", "run_metrics", "utilization", "window"]
 
 
 def percentile(xs: list[float], q: float) -> float | None:
@@ -36,23 +34,6 @@ def percentile(xs: list[float], q: float) -> float | None:
     lo = int(pos)
     hi = min(lo + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def phase_records(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Phase intervals only (admission and failure records carry no ``phase``)."""
-    return [e for e in events if "phase" in e and "start" in e and "end" in e]
-
-
-def load_run(run_dir: str | Path) -> dict[str, Any]:
-    run_dir = Path(run_dir)
-    summary_path = run_dir / "summary.json"
-    return {
-        "events": read_jsonl(run_dir / "events.jsonl"),
-        "steps": read_jsonl(run_dir / "steps.jsonl"),
-        "summary": json.loads(summary_path.read_text())
-        if summary_path.is_file()
-        else {},
-    }
 
 
 def window(events: list[dict[str, Any]]) -> tuple[float, float] | None:

@@ -40,10 +40,11 @@ def atomic_write_json(path: Path, data: Any) -> None:
 
 
 class RunStore:
-    def __init__(self, root: str | Path, fresh: bool = True):
+    def __init__(self, root: str | Path, fresh: bool | None = True):
         """``fresh`` starts the run over: what an earlier run with the same names
         left here (logs, summary, task folders) is removed, so the logs describe
-        this run only."""
+        this run only. ``False`` continues it (``reconcile``); ``None`` opens it
+        as it is (to read the layout)."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -51,7 +52,7 @@ class RunStore:
         self.steps_path = self.root / "steps.jsonl"
         if fresh:
             self._clear()
-        else:
+        elif fresh is False:
             self.reconcile()
 
     def _clear(self) -> None:
@@ -216,10 +217,3 @@ class RunStore:
         path = self.root / "summary.json"
         atomic_write_json(path, summary)
         return path
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

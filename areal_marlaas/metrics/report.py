@@ -8,9 +8,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from areal_marlaas.manager.store import read_jsonl
-
-PHASES = ("wait", "rollout", "env", "queue", "train", "publish")
+from areal_marlaas.metrics.runlog import PHASES, phase_records, read_jsonl
 
 
 def phase_stats(run_dir: str | Path) -> dict[str, dict[str, dict[str, float]]]:
@@ -18,9 +16,7 @@ def phase_stats(run_dir: str | Path) -> dict[str, dict[str, dict[str, float]]]:
     durations: dict[str, dict[str, list[float]]] = defaultdict(
         lambda: defaultdict(list)
     )
-    for e in read_jsonl(Path(run_dir) / "events.jsonl"):
-        if "phase" not in e:  # admission and status records are not intervals
-            continue
+    for e in phase_records(read_jsonl(Path(run_dir) / "events.jsonl")):
         d = e["end"] - e["start"]
         durations[e["task"]][e["phase"]].append(d)
         durations["all"][e["phase"]].append(d)

@@ -9,8 +9,6 @@ from typing import Any
 from areal.api.cli_args import InferenceEngineConfig
 from areal.infra.controller.rollout_controller import RolloutController
 
-from areal_marlaas.rollout.engine import without_global_staleness_gate
-
 
 class MultiTaskRolloutController(RolloutController):
     """Fans task registration and publishing out to every rollout worker; each
@@ -18,8 +16,8 @@ class MultiTaskRolloutController(RolloutController):
 
     def __init__(self, inf_engine, config: InferenceEngineConfig, scheduler):
         # The controller-side dispatcher has the same global staleness gate as the
-        # worker executors; per-task on-policy is the MARLaaS scheduler's job.
-        super().__init__(inf_engine, without_global_staleness_gate(config), scheduler)
+        # worker executors (``as_controller`` opens it for per-task versions).
+        super().__init__(inf_engine, config, scheduler)
 
     def register_task(self, task: str, version: int, path: str | Path) -> None:
         self._collective_rpc(
@@ -31,6 +29,17 @@ class MultiTaskRolloutController(RolloutController):
         self._collective_rpc(
             "publish_adapter", task=task, version=version, path=str(path)
         )
+
+    def served(self) -> dict[str, tuple[int, str]]:
+        """Task -> (published version, folder), the same on every worker."""
+        views = self._collective_rpc("served")
+        first = views[0]
+        if any(v != first for v in views[1:]):
+            raise RuntimeError(f"rollout workers disagree on what they serve: {views}")
+        return {task: tuple(vp) for task, vp in first.items()}
+
+    def remove_task(self, task: str) -> None:
+        self._collective_rpc("remove_task", task=task)
 
     def task_version(self, task: str) -> int:
         versions = set(self._collective_rpc("task_version", task=task))
@@ -48,7 +57,8 @@ class MultiTaskRolloutController(RolloutController):
         group_size: int = 1,
         timeout: float | None = None,
     ) -> list[dict[str, Any] | None]:
-        """One task's batch; waits only for its own episodes."""
+        """One task's batch; waits only for its own episodes. A failed episode is
+        ``{FAILURE: reason}`` (the worker's engine keeps the reason)."""
         ids = [
             self.submit(row, workflow, workflow_kwargs, group_size=group_size)
             for row in rows

@@ -11,40 +11,38 @@ one once its requests drain; the server is never paused.
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import requests
 from areal.api.cli_args import InferenceEngineConfig
 from areal.api.io_struct import (
+    HttpGenerationResult,
     HttpRequest,
     ModelRequest,
     ModelResponse,
     WeightUpdateMeta,
 )
+from areal.api.workflow_api import RolloutWorkflow
 from areal.engine.vllm_remote import RemotevLLMEngine, VLLMBackend
 from areal.infra.remote_inf_engine import RemoteInfEngine
 from areal.utils import logging, name_resolve, names
 
+from areal_marlaas.config.server import RolloutServerConfig
+from areal_marlaas.rollout.gate import without_global_staleness_gate
+from areal_marlaas.rollout.platform import resolve_platform
 from areal_marlaas.rollout.registry import AdapterRegistry, adapter_name
 from areal_marlaas.rollout.seeding import (
     RequestSeeds,
     current_request_seed,
     request_seed,
 )
-from areal_marlaas.rollout.server import (
-    RolloutServerConfig,
-    clean_environ,
-    resolve_platform,
-    server_argv,
-    server_env,
-)
+from areal_marlaas.rollout.server import server_argv, server_env, spawn
+from areal_marlaas.trajectory import failure, record_served_adapter
 
 logger = logging.getLogger("MARLaaSRollout")
 
@@ -53,20 +51,6 @@ logger = logging.getLogger("MARLaaSRollout")
 _PINNED_VERSION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "marlaas_pinned_version", default=None
 )
-# The executor's global staleness gate counts accepted rollouts against ONE engine
-# version that never moves here; per-task on-policy is enforced by the scheduler.
-_NO_GLOBAL_STALENESS_GATE = 10**9
-
-
-def without_global_staleness_gate(
-    config: InferenceEngineConfig,
-) -> InferenceEngineConfig:
-    return dataclasses.replace(
-        config,
-        max_head_offpolicyness=max(
-            config.max_head_offpolicyness, _NO_GLOBAL_STALENESS_GATE
-        ),
-    )
 
 
 class AdapterError(RuntimeError):
@@ -74,8 +58,14 @@ class AdapterError(RuntimeError):
 
 
 class MultiLoRAVLLMBackend(VLLMBackend):
-    """VLLMBackend plus the adapter unload request AReaL never sends, and the
-    stop strings it drops (agent workflows stop on closing tags)."""
+    """VLLMBackend plus the adapter unload request AReaL never sends, the stop
+    strings it drops (agent workflows stop on closing tags), per-request seeds,
+    the adapter name each response reports (the staleness audit reads it), and
+    a server launch through the plugin's own path (``server.*`` honored)."""
+
+    def __init__(self, server: RolloutServerConfig | None = None):
+        super().__init__()
+        self.server = server or RolloutServerConfig()
 
     def build_generation_request(
         self, req: ModelRequest, with_lora: bool, version: int
@@ -94,16 +84,20 @@ class MultiLoRAVLLMBackend(VLLMBackend):
             payload={"lora_name": name, "lora_path": str(path)},
         )
 
+    def parse_generation_response(
+        self, response: dict[str, Any]
+    ) -> HttpGenerationResult:
+        record_served_adapter(str(response.get("model", "")))
+        return super().parse_generation_response(response)
+
     def launch_server(self, server_args: dict[str, Any]) -> subprocess.Popen:
         """Start vLLM's own server from the vLLM venv (AReaL's wrapper module
-        imports AReaL, which the vLLM venv does not have)."""
-        server = RolloutServerConfig()
-        platform = resolve_platform(server)
-        args = {**server_args, "logprobs_mode": "processed_logprobs"}
-        argv = server_argv(args, server, platform)
+        imports AReaL, which the vLLM venv does not have), under the reaper and
+        in its own session, like every server the plugin starts."""
+        platform = resolve_platform(self.server)
+        argv = server_argv(server_args, self.server, platform)
         logger.info(f"Launching vLLM server: {' '.join(argv)}")
-        env = {**clean_environ(), **server_env(server, platform)}
-        return subprocess.Popen(argv, env=env, stdout=sys.stdout, stderr=sys.stdout)
+        return spawn(argv, server_env(self.server, platform), self.server)
 
     def build_lora_unload_request(self, name: str) -> HttpRequest:
         return HttpRequest(
@@ -111,16 +105,37 @@ class MultiLoRAVLLMBackend(VLLMBackend):
         )
 
 
+class _KeepFailure(RolloutWorkflow):
+    """Runs a workflow and keeps why an episode failed: AReaL's executor logs a
+    raising workflow and hands back None, which would lose the reason."""
+
+    def __init__(self, workflow: RolloutWorkflow):
+        self.workflow = workflow
+        self.reason: str | None = None
+
+    async def arun_episode(self, engine, data: dict[str, Any]):
+        try:
+            traj = await self.workflow.arun_episode(engine, data)
+        except Exception as e:
+            self.reason = f"{type(e).__name__}: {e}"
+            raise
+        if traj is None:
+            self.reason = f"{type(self.workflow).__name__} returned no trajectory"
+        return traj
+
+
 class MultiLoRARemoteInfEngine(RemoteInfEngine):
     def __init__(self, config: InferenceEngineConfig, backend: MultiLoRAVLLMBackend):
         if not config.use_lora:
             raise ValueError("rollout.use_lora must be true for multi-LoRA rollout.")
-        super().__init__(without_global_staleness_gate(config), backend)
+        super().__init__(config, backend)
         self.adapters = AdapterRegistry()
         self.seeds = RequestSeeds()
         self._retire_pool = ThreadPoolExecutor(4, thread_name_prefix="marlaas-retire")
         self._http = requests.Session()
         self._adapter_lock = threading.Lock()
+        self._episodes: dict[int, _KeepFailure] = {}
+        self._episodes_lock = threading.Lock()
 
     # -- versions ---------------------------------------------------------------
     def get_version(self) -> int:
@@ -129,6 +144,11 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
 
     def task_version(self, task: str) -> int:
         return self.adapters.version(task)
+
+    def served(self) -> dict[str, tuple[int, str]]:
+        """Task -> (published version, adapter folder): what a restarted server
+        must load again."""
+        return self.adapters.served()
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         task = req.gconfig.lora_name
@@ -208,7 +228,7 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
     def register_task(self, task: str, version: int, path: str | Path) -> None:
         """Load a task's starting adapter and route its requests to it."""
         self.load_adapter(task, version, path)
-        self.adapters.set_current(task, version)
+        self.adapters.set_current(task, version, str(path))
 
     def publish(
         self,
@@ -225,7 +245,7 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         """
         with self._adapter_lock:
             self.load_adapter(task, version, path)
-            old = self.adapters.set_current(task, version)
+            old = self.adapters.set_current(task, version, str(path))
         logger.info(f"published {adapter_name(task, version)}; retiring {old}")
         if old is None:
             done: Future[str | None] = Future()
@@ -246,6 +266,14 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
     def publish_adapter(self, task: str, version: int, path: str) -> None:
         """``publish`` for RPC callers: returns once the new name is live."""
         self.publish(task, version, path)
+
+    def remove_task(self, task: str) -> None:
+        """The task left (finished, cancelled, failed): unload its adapter once
+        its requests drain; nothing else is touched."""
+        with self._adapter_lock:
+            name = self.adapters.forget(task)
+        if name is not None:
+            self._retire_pool.submit(self._retire, name, None)
 
     def update_weights_from_disk(self, meta: WeightUpdateMeta) -> Future[None]:
         """AReaL's disk LoRA update path, per task: ``meta.lora_name`` is the task.
@@ -273,6 +301,52 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         logger.debug("continue_generation ignored: the server is never paused")
 
     # -- rollouts ---------------------------------------------------------------
+    def submit(
+        self,
+        data: dict[str, Any],
+        workflow: Any,
+        workflow_kwargs: dict[str, Any] | None = None,
+        should_accept_fn: Any = None,
+        group_size: int = 1,
+        task_id: int | None = None,
+        callback_addr: str | None = None,
+        is_eval: bool = False,
+        proxy_addr: str | None = None,
+    ) -> int:
+        """AReaL's submit, with the episode's failure reason kept for
+        ``wait_for_task`` (the worker-side half of every placement)."""
+        resolved = self._resolve_workflow(
+            workflow, workflow_kwargs, group_size, proxy_addr=proxy_addr
+        )
+        episode = _KeepFailure(resolved)
+        task_id = super().submit(
+            data,
+            episode,
+            should_accept_fn=should_accept_fn,
+            task_id=task_id,
+            callback_addr=callback_addr,
+            is_eval=is_eval,
+            proxy_addr=proxy_addr,
+        )
+        with self._episodes_lock:
+            self._episodes[task_id] = episode
+        return task_id
+
+    def wait_for_task(
+        self, task_id: int, timeout: float | None = None, raise_timeout: bool = True
+    ) -> dict[str, Any] | None:
+        """The trajectory, or ``{FAILURE: reason}`` for an episode that failed
+        (see ``areal_marlaas.trajectory``); None only while it is still running."""
+        result = super().wait_for_task(task_id, timeout, raise_timeout)
+        with self._episodes_lock:
+            episode = self._episodes.get(task_id)
+            done = result is not None or (episode is not None and episode.reason)
+            if done:
+                self._episodes.pop(task_id, None)
+        if result is None and episode is not None and episode.reason:
+            return failure(episode.reason)
+        return result
+
     def rollout_task(
         self,
         rows: list[dict[str, Any]],
@@ -280,9 +354,10 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         workflow_kwargs: dict[str, Any] | None = None,
         group_size: int = 1,
         timeout: float | None = None,
-    ) -> list[dict[str, Any] | None]:
+    ) -> list[dict[str, Any]]:
         """One task's batch through the shared executor, waiting only for its own
-        episodes (``wait()`` would return other tasks' results too)."""
+        episodes (``wait()`` would return other tasks' results too). A failed
+        episode is ``{FAILURE: reason}`` in the list."""
         ids = [
             self.submit(row, workflow, workflow_kwargs, group_size=group_size)
             for row in rows
@@ -295,11 +370,24 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
 
 
 class MultiLoRAvLLMEngine(RemotevLLMEngine):
-    """Drop-in RemotevLLMEngine with per-task versioned adapters."""
+    """Drop-in RemotevLLMEngine with per-task versioned adapters.
 
-    def __init__(self, config: InferenceEngineConfig):
+    ``server``: how a server this engine launches is started (AReaL launches one
+    per rollout worker when it is given no server addresses); defaults to
+    ``config.server`` when the config carries one (``MultiLoRAEngineConfig``)."""
+
+    # Each task has its own version, so AReaL's one engine-wide staleness gate
+    # (rollout.max_head_offpolicyness against get_version()) stays open.
+    per_task_versions: ClassVar[bool] = True
+
+    def __init__(
+        self, config: InferenceEngineConfig, server: RolloutServerConfig | None = None
+    ):
+        if self.per_task_versions:
+            config = without_global_staleness_gate(config)
         super().__init__(config)
-        self._engine = MultiLoRARemoteInfEngine(config, MultiLoRAVLLMBackend())
+        server = server or getattr(config, "server", None)
+        self._engine = MultiLoRARemoteInfEngine(config, MultiLoRAVLLMBackend(server))
 
     @property
     def adapters(self) -> AdapterRegistry:
@@ -311,6 +399,12 @@ class MultiLoRAvLLMEngine(RemotevLLMEngine):
 
     def task_version(self, task: str) -> int:
         return self._engine.task_version(task)
+
+    def served(self) -> dict[str, tuple[int, str]]:
+        return self._engine.served()
+
+    def remove_task(self, task: str) -> None:
+        self._engine.remove_task(task)
 
     def register_task(self, task: str, version: int, path: str | Path) -> None:
         self._engine.register_task(task, version, path)
@@ -333,4 +427,15 @@ class MultiLoRAvLLMEngine(RemotevLLMEngine):
         """Single-controller mode: workers run this engine behind a controller."""
         from areal_marlaas.rollout.controller import MultiTaskRolloutController
 
+        if cls.per_task_versions:
+            config = without_global_staleness_gate(config)
         return MultiTaskRolloutController(cls, config=config, scheduler=scheduler)
+
+
+class SingleTaskvLLMEngine(MultiLoRAvLLMEngine):
+    """For AReaL's own trainers (PPOTrainer): one engine-wide version moved by the
+    trainer's ``set_version``, and AReaL's staleness gate honored
+    (``rollout.max_head_offpolicyness=0`` gives on-policy batches), with the
+    plugin's server launch and versioned adapter publishing."""
+
+    per_task_versions: ClassVar[bool] = False

@@ -5,6 +5,9 @@ AReaL's re-sends after an abort), so publishing ``<task>-v<N+1>`` never changes 
 weights under a request that started on ``v<N>``; the old name is unloaded only once
 its last lease is released. Thread-safe: the rollout event loop leases while the
 trainer's thread publishes.
+
+The version itself is owned by the trainer (``train_task`` returns it); this
+registry only knows what was published to the server and from which folder.
 """
 
 from __future__ import annotations
@@ -13,37 +16,35 @@ import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
+from typing import Protocol
+
+from areal_marlaas.adapters import adapter_name
+
+__all__ = ["AdapterRegistry", "RegistryListener", "adapter_name"]
 
 
-def adapter_name(task: str, version: int) -> str:
-    """The served model name of a task version (AReaL's ``get_versioned_lora_name``)."""
-    return f"{task}-v{version}"
+class RegistryListener(Protocol):
+    """Observes the registry (audits, tests): every call happens under its lock."""
 
+    def leased(self, name: str, start: float) -> None: ...
 
-@dataclass
-class LeaseRecord:
-    """One request's use of an adapter: kept for auditing and tests."""
+    def released(self, name: str, end: float) -> None: ...
 
-    name: str
-    task: str
-    version: int
-    start: float
-    end: float | None = None
+    def published(self, name: str, at: float) -> None: ...
+
+    def retired(self, name: str, at: float) -> None: ...
 
 
 class AdapterRegistry:
-    def __init__(self, keep_records: int = 100_000):
+    def __init__(self, listener: RegistryListener | None = None):
         self._cv = threading.Condition()
-        self._current: dict[str, int] = {}
+        self._current: dict[str, tuple[int, str]] = {}  # task -> (version, folder)
         self._inflight: Counter[str] = Counter()
         self._retiring: set[str] = set()
-        self._retired_at: dict[str, float] = {}
-        self._published_at: dict[str, float] = {}
-        self.records: list[LeaseRecord] = []
-        self._keep = keep_records
+        self.listener = listener
 
-    def tasks(self) -> dict[str, int]:
+    def served(self) -> dict[str, tuple[int, str]]:
+        """Every task's published version and the folder it was loaded from."""
         with self._cv:
             return dict(self._current)
 
@@ -55,19 +56,30 @@ class AdapterRegistry:
         with self._cv:
             if task not in self._current:
                 raise KeyError(f"task {task!r} has no adapter loaded")
-            return self._current[task]
+            return self._current[task][0]
 
-    def set_current(self, task: str, version: int) -> str | None:
+    def set_current(self, task: str, version: int, path: str = "") -> str | None:
         """Make ``version`` the one new requests use; returns the name it replaces."""
         with self._cv:
             old = self._current.get(task)
-            self._current[task] = version
-            self._published_at[adapter_name(task, version)] = time.time()
-            if old is None or old == version:
+            self._current[task] = (version, str(path))
+            if self.listener is not None:
+                self.listener.published(adapter_name(task, version), time.time())
+            if old is None or old[0] == version:
                 return None
-            old_name = adapter_name(task, old)
+            old_name = adapter_name(task, old[0])
             self._retiring.add(old_name)
             return old_name
+
+    def forget(self, task: str) -> str | None:
+        """Stop serving ``task`` (it left); returns its name, now retiring."""
+        with self._cv:
+            old = self._current.pop(task, None)
+            if old is None:
+                return None
+            name = adapter_name(task, old[0])
+            self._retiring.add(name)
+            return name
 
     @contextmanager
     def lease(self, task: str):
@@ -78,44 +90,31 @@ class AdapterRegistry:
                     f"no adapter for task {task!r}: "
                     f"load_adapter({task!r}, 0, path) first"
                 )
-            version = self._current[task]
+            version = self._current[task][0]
             name = adapter_name(task, version)
             self._inflight[name] += 1
-            record = LeaseRecord(name, task, version, time.time())
-            self.records.append(record)
-            if len(self.records) > self._keep:
-                del self.records[: len(self.records) - self._keep]
+            if self.listener is not None:
+                self.listener.leased(name, time.time())
         try:
             yield version
         finally:
             with self._cv:
-                record.end = time.time()
                 self._inflight[name] -= 1
+                if self.listener is not None:
+                    self.listener.released(name, time.time())
                 if self._inflight[name] == 0:
                     del self._inflight[name]
                     self._cv.notify_all()
-
-    def inflight(self, name: str) -> int:
-        with self._cv:
-            return self._inflight[name]
 
     def wait_drained(self, name: str, timeout: float | None = None) -> bool:
         with self._cv:
             return self._cv.wait_for(lambda: self._inflight[name] == 0, timeout)
 
-    def published_at(self, name: str) -> float | None:
-        """When ``name`` became the version new requests use."""
-        with self._cv:
-            return self._published_at.get(name)
-
     def mark_retired(self, name: str) -> None:
         with self._cv:
             self._retiring.discard(name)
-            self._retired_at[name] = time.time()
-
-    def retired_at(self, name: str) -> float | None:
-        with self._cv:
-            return self._retired_at.get(name)
+            if self.listener is not None:
+                self.listener.retired(name, time.time())
 
     def retiring(self) -> set[str]:
         with self._cv:

@@ -8,192 +8,29 @@ AReaL, and the plugin needs none of its pause/NCCL routes for disk LoRA updates.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import requests
 from areal.api.cli_args import get_py_cmd, vLLMConfig
 from areal.utils import logging
 
+from areal_marlaas.config.server import MultiLoRAvLLMConfig, RolloutServerConfig
 from areal_marlaas.paths import vllm_python
 from areal_marlaas.placement import parse_cpus, pin_current_process
+from areal_marlaas.procs import stop_group, tail
 from areal_marlaas.rollout import reaper
+from areal_marlaas.rollout.platform import resolve_platform, server_block_size
 
 logger = logging.getLogger("MARLaaSServer")
 
-PLATFORMS = ("auto", "cpu", "cuda", "npu")
 # AReaL's vLLMConfig fields that only make sense with AReaL's own server wrapper.
 _AREAL_ONLY_FIELDS = ("worker_extension_cls",)
-
-
-@dataclass
-class MultiLoRAvLLMConfig(vLLMConfig):
-    """AReaL's vLLM settings plus the multi-LoRA flags AReaL does not expose."""
-
-    dtype: str = field(
-        default="float32",
-        metadata={
-            "help": "Weights/activations/KV dtype of the server. float32 matches the "
-            "trainer's default (actor.dtype) and is 5x faster than bfloat16 on CPUs "
-            "without native bf16 (emulated matmuls); set both to bfloat16 on "
-            "GPU/NPU."
-        },
-    )
-    max_cpu_loras: int = field(
-        default=0,
-        metadata={
-            "help": "Adapters kept loaded on the server (vLLM --max-cpu-loras). "
-            "0 = 2 x max_loras, so a task's old and new version can both be live."
-        },
-    )
-    enable_lora: bool = field(
-        default=True, metadata={"help": "Multi-LoRA serving; MARLaaS needs it on."}
-    )
-    max_model_len: int | None = field(
-        default=2048,
-        metadata={"help": "Context length the server reserves per sequence."},
-    )
-    logprobs_mode: str = field(
-        default="processed_logprobs",
-        metadata={
-            "help": "What vLLM returns as token logprobs. PPO's old logprobs must "
-            "be those of the sampling distribution (after temperature); vLLM's "
-            "default raw_logprobs ignores temperature.",
-            "choices": ["processed_logprobs", "raw_logprobs"],
-        },
-    )
-    max_num_seqs: int = field(
-        default=128, metadata={"help": "Sequences the server batches at once."}
-    )
-
-    def __post_init__(self):
-        if not self.enable_lora:
-            raise ValueError(
-                "vllm.enable_lora must be true: every MARLaaS task is a LoRA adapter."
-            )
-        if self.max_loras < 1:
-            raise ValueError(f"vllm.max_loras must be >= 1, got {self.max_loras}.")
-        if self.max_cpu_loras and self.max_cpu_loras < self.max_loras:
-            raise ValueError(
-                f"vllm.max_cpu_loras ({self.max_cpu_loras}) must be >= vllm.max_loras "
-                f"({self.max_loras}); set it to 0 for the default (2 x max_loras)."
-            )
-
-
-@dataclass
-class RolloutServerConfig:
-    """Where the rollout server runs and how it is started."""
-
-    addresses: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "host:port of running vLLM servers to attach to. "
-            "Empty = launch one local server."
-        },
-    )
-    python: str = field(
-        default="",
-        metadata={
-            "help": "Python of the vLLM venv. Empty = $MARLAAS_VLLM_PYTHON or the "
-            "venv built by setup."
-        },
-    )
-    host: str = field(default="127.0.0.1", metadata={"help": "Bind address."})
-    port: int = field(default=0, metadata={"help": "Port; 0 picks a free one."})
-    platform: str = field(
-        default="auto",
-        metadata={
-            "help": "Accelerator of the server: auto|cpu|cuda|npu (npu = vLLM-Ascend).",
-            "choices": list(PLATFORMS),
-        },
-    )
-    startup_timeout_s: float = field(
-        default=600.0, metadata={"help": "Seconds to wait for /health after launch."}
-    )
-    cpu_kvcache_space_gib: float = field(
-        default=4.0,
-        metadata={"help": "CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)."},
-    )
-    cpu_omp_threads_bind: str = field(
-        default="auto",
-        metadata={
-            "help": "CPU only: cores for vLLM's compute (VLLM_CPU_OMP_THREADS_BIND)."
-        },
-    )
-    cpu_affinity: str = field(
-        default="",
-        metadata={
-            "help": "CPU only: cores the whole server process (frontend included) "
-            "may run on, e.g. '0' or '0-1'; empty = no pinning. Also binds vLLM's "
-            "compute threads there when cpu_omp_threads_bind is auto."
-        },
-    )
-    cpu_grouped_lora: bool = field(
-        default=True,
-        metadata={
-            "help": "CPU only: load areal-marlaas's vLLM plugin, which computes each "
-            "adapter's LoRA as one GEMM over its tokens instead of vLLM's per-token "
-            "weight gather (LoRA cost of a 1,320-token 3-adapter bf16 prefill on "
-            "one core: 14 s -> 4 s). false = vLLM's own torch ops. (The plugin "
-            "loads on CPU either way: it also keeps seeded sampling working when "
-            "a prefill is chunked.)"
-        },
-    )
-    devices: str = field(
-        default="",
-        metadata={
-            "help": "Accelerator ids for the server (CUDA_VISIBLE_DEVICES or "
-            "ASCEND_RT_VISIBLE_DEVICES). Empty = inherit."
-        },
-    )
-    env: dict[str, str] = field(
-        default_factory=dict, metadata={"help": "Extra environment for the server."}
-    )
-    log_file: str = field(
-        default="", metadata={"help": "Server log; empty = <run dir>/vllm_server.log."}
-    )
-
-    def __post_init__(self):
-        if self.platform not in PLATFORMS:
-            raise ValueError(
-                f"server.platform must be one of {list(PLATFORMS)}, "
-                f"got {self.platform!r}."
-            )
-        parse_cpus(self.cpu_affinity, "server.cpu_affinity")
-        for addr in self.addresses:
-            if ":" not in addr:
-                raise ValueError(
-                    f"server.addresses entry {addr!r} must be host:port (e.g. "
-                    "127.0.0.1:8000)."
-                )
-
-
-def detect_platform() -> str:
-    """The accelerator this machine would give the server."""
-    if Path("/dev/davinci0").exists() or os.environ.get("ASCEND_RT_VISIBLE_DEVICES"):
-        return "npu"
-    if Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi"):
-        return "cuda"
-    return "cpu"
-
-
-# KV block sizes the attention backends accept: CPU attention needs multiples of 32,
-# vLLM-Ascend works in 128-token blocks (its default).
-_BLOCK_MULTIPLE = {"cpu": 32, "npu": 128}
-
-
-def server_block_size(block_size: int, platform: str) -> int:
-    """The configured block size rounded up to what the platform's backend takes."""
-    multiple = _BLOCK_MULTIPLE.get(platform, 1)
-    return -(-block_size // multiple) * multiple
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -202,13 +39,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def resolve_platform(server: RolloutServerConfig) -> str:
-    return detect_platform() if server.platform == "auto" else server.platform
-
-
 def server_argv(args: dict, server: RolloutServerConfig, platform: str) -> list[str]:
     """vLLM's own OpenAI server (from the vLLM venv) for AReaL-style ``args``."""
-    args = dict(args)
+    args = {**args, "logprobs_mode": args.get("logprobs_mode") or "processed_logprobs"}
     for name in _AREAL_ONLY_FIELDS:
         args.pop(name, None)
     args["block_size"] = server_block_size(args.get("block_size") or 16, platform)
@@ -289,6 +122,27 @@ def with_reaper(argv: list[str]) -> list[str]:
     return [argv[0], str(Path(reaper.__file__).resolve()), *argv]
 
 
+def spawn(
+    argv: list[str],
+    env: dict[str, str],
+    server: RolloutServerConfig,
+    log: IO | None = None,
+) -> subprocess.Popen:
+    """Start a server command the one way every launcher uses: under the reaper,
+    as its own process session (so stopping it stops its engine-core workers),
+    pinned to ``server.cpu_affinity``, with the AReaL side's environment removed."""
+    cpus = parse_cpus(server.cpu_affinity, "server.cpu_affinity")
+    return subprocess.Popen(
+        with_reaper(argv),
+        env={**clean_environ(), **env},
+        stdout=log,
+        stderr=subprocess.STDOUT if log is not None else None,
+        start_new_session=True,
+        # Children (vLLM's engine core) inherit the affinity.
+        preexec_fn=(lambda: pin_current_process(cpus)) if cpus else None,
+    )
+
+
 def is_healthy(address: str, timeout: float = 5.0) -> bool:
     try:
         return requests.get(f"http://{address}/health", timeout=timeout).ok
@@ -323,17 +177,8 @@ class VLLMServer:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         logger.info(f"Starting vLLM server on {self.address} (log: {self.log_file})")
         t0 = time.monotonic()
-        cpus = parse_cpus(self.server.cpu_affinity, "server.cpu_affinity")
         with open(self.log_file, "ab") as log:
-            self.process = subprocess.Popen(
-                with_reaper(argv),
-                env={**clean_environ(), **env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # so stop() can kill its worker processes too
-                # Children (vLLM's engine core) inherit the affinity.
-                preexec_fn=(lambda: pin_current_process(cpus)) if cpus else None,
-            )
+            self.process = spawn(argv, env, self.server, log)
         deadline = t0 + self.server.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -355,12 +200,7 @@ class VLLMServer:
         )
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(
-                self.log_file.read_text(errors="replace").splitlines()[-lines:]
-            )
-        except OSError:
-            return ""
+        return tail(self.log_file, lines)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -368,22 +208,7 @@ class VLLMServer:
     def stop(self, timeout: float = 30.0) -> None:
         if self.process is None:
             return
-        # The server was started as a session leader: its pid is the group id, and
-        # killing the group also reaps the engine-core workers it forked.
-        pgid = self.process.pid
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            # A hung (stopped) server only acts on SIGTERM once continued.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGCONT)
-            try:
-                self.process.wait(timeout)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop_group(self.process, timeout)
         self.process = None
         logger.info(f"vLLM server on {self.address} stopped")
 

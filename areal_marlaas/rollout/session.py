@@ -7,62 +7,17 @@ import dataclasses
 import time
 from pathlib import Path
 
-from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
+from areal.api.cli_args import InferenceEngineConfig
 from areal.api.io_struct import LocalInfServerInfo
 from areal.utils import logging
 
-from areal_marlaas.config import MARLaaSConfig, TaskSpec
-from areal_marlaas.fault import FaultToleranceConfig
+from areal_marlaas.config import MARLaaSConfig
 from areal_marlaas.rollout.controller import MultiTaskRolloutController
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.rollout.server import VLLMServer
 from areal_marlaas.rollout.supervisor import ServerSupervisor, SupervisedRollout
-from areal_marlaas.tasks import KINDS
 
 logger = logging.getLogger("MARLaaSRolloutSession")
-
-WORKFLOW = "areal_marlaas.workflows.rlvr.MultiTaskRLVRWorkflow"
-
-
-def task_gconfig(task: TaskSpec) -> GenerationHyperparameters:
-    return GenerationHyperparameters(
-        n_samples=1,
-        max_new_tokens=task.max_new_tokens,
-        temperature=task.temperature,
-        lora_name=task.name,
-    )
-
-
-def task_workflow(
-    task: TaskSpec, tokenizer_path: str, fault: FaultToleranceConfig | None = None
-) -> tuple[str, dict]:
-    """Import path + kwargs of the task's workflow (import strings cross AReaL's RPC
-    boundary; instances would not). A kind's own workflow also gets the kind's
-    settings (e.g. the search agent's corpus and tool budget). With ``fault``, the
-    built-in RLVR workflow runs the reward isolated, with the task's timeout."""
-    kwargs = {
-        "task": task.name,
-        "reward_fn": task.reward_fn_path,
-        "gconfig": task_gconfig(task),
-        "tokenizer": tokenizer_path,
-    }
-    kind = KINDS.get(task.kind)
-    path = task.workflow or (kind.workflow if kind else "") or WORKFLOW
-    if kind and kind.workflow_kwargs and path == kind.workflow:
-        kwargs.update(kind.workflow_kwargs(task))
-    if fault is not None and path == WORKFLOW:
-        kwargs["reward_timeout_s"] = task.reward_timeout_s or fault.reward_timeout_s
-        kwargs["reward_workers"] = fault.reward_workers
-    if fault is not None and fault.deterministic:
-        if path == WORKFLOW or (kind and path == kind.workflow):
-            kwargs["sampling_seed"] = task.seed
-        else:
-            logger.warning(
-                f"task {task.name}: fault.deterministic seeds only the built-in "
-                f"workflows; {path} samples unseeded unless it runs its episodes "
-                "inside areal_marlaas.rollout.seeding.seeded_sampling(seed)"
-            )
-    return path, kwargs
 
 
 class RolloutSession:
@@ -92,7 +47,7 @@ class RolloutSession:
         engine_cfg: InferenceEngineConfig = cfg.rollout
         t0 = time.monotonic()
         if scheduler is None:
-            self.engine = MultiLoRAvLLMEngine(engine_cfg)
+            self.engine = MultiLoRAvLLMEngine(engine_cfg, server=cfg.server)
             self.engine.initialize(addr=addresses, train_data_parallel_size=1)
         else:
             infos = []

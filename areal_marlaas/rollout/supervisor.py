@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 from areal.utils import logging
 
-from areal_marlaas.fault import FaultToleranceConfig
+from areal_marlaas.config import FaultToleranceConfig
 from areal_marlaas.rollout.server import VLLMServer, is_healthy
 
 logger = logging.getLogger("MARLaaSSupervisor")
@@ -193,13 +193,11 @@ class SupervisedRollout:
     """A rollout backend (in-process engine or controller) behind the supervisor's
     gate: rollouts and publishes wait while the server restarts, a rollout that
     overlapped a fault raises (so the scheduler retries it at the same version),
-    and the adapters it registered or published are what a restart reloads."""
+    and what the backend serves (``served()``) is what a restart reloads."""
 
     def __init__(self, backend, supervisor: ServerSupervisor):
         self.backend = backend
         self.supervisor = supervisor
-        self.current: dict[str, tuple[int, str]] = {}
-        self._lock = threading.Lock()
         supervisor.reload = self.reload
 
     def __getattr__(self, name: str):
@@ -208,23 +206,17 @@ class SupervisedRollout:
     def register_task(self, task: str, version: int, path) -> None:
         self.supervisor.wait_ready()
         self.backend.register_task(task, version, path)
-        with self._lock:
-            self.current[task] = (version, str(path))
 
     def publish(self, task: str, version: int, path, *args, **kwargs):
         self.supervisor.wait_ready()
-        out = self.backend.publish(task, version, path, *args, **kwargs)
-        with self._lock:
-            self.current[task] = (version, str(path))
-        return out
+        return self.backend.publish(task, version, path, *args, **kwargs)
 
     def reload(self) -> int:
-        """Every task's current adapter onto the (restarted) server."""
-        with self._lock:
-            current = dict(self.current)
-        for task, (version, path) in current.items():
+        """Every task's served adapter onto the (restarted) server."""
+        served = self.backend.served()
+        for task, (version, path) in served.items():
             self.backend.register_task(task, version, path)
-        return len(current)
+        return len(served)
 
     def rollout_task(self, *args, **kwargs):
         sup = self.supervisor

@@ -6,6 +6,9 @@ thread pool (one task never has two in flight, so the pool needs one thread per
 task); training runs on a single thread, which is the serialized FIFO trainer.
 Every mode (async, sync, sequential, collocated) is the same loop: only the core's
 decisions differ, so every mode writes the same run-directory files.
+
+Facts have one owner: a task's version is the trainer's (``train_task`` returns
+the version it committed); the core, the run store and the rollout side are told.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import torch
 from areal.utils import logging
 
+from areal_marlaas import trajectory
 from areal_marlaas.manager.data import TaskData
 from areal_marlaas.manager.store import RunStore
 from areal_marlaas.scheduler.core import (
@@ -40,7 +43,6 @@ from areal_marlaas.scheduler.core import (
     TaskError,
     TrainDone,
 )
-from areal_marlaas.workflows.rlvr import last_episode_error
 
 logger = logging.getLogger("MARLaaSRuntime")
 
@@ -50,7 +52,7 @@ class RolloutBackend(Protocol):
 
     def rollout_task(
         self, rows, workflow, workflow_kwargs=None, group_size=1, timeout=None
-    ) -> list[dict[str, Any] | None]: ...
+    ) -> list[dict[str, Any]]: ...
 
 
 class TrainBackend(Protocol):
@@ -58,7 +60,13 @@ class TrainBackend(Protocol):
 
     def save_adapter(self, task: str, path: str) -> Any: ...
 
+    def save_task_state(self, task: str, path: str) -> Any: ...
+
     def release_batch(self, batch: list[dict[str, Any]]) -> None: ...
+
+
+class VersionMismatchError(RuntimeError):
+    """The trainer committed a version the scheduler did not expect."""
 
 
 @dataclass
@@ -85,53 +93,44 @@ class TaskRun:
     error: str = ""
 
 
-def _tensor(x) -> torch.Tensor:
-    """Plain tensor from a tensor or an AReaL RTensor (single-controller mode)."""
-    if torch.is_tensor(x):
-        return x
-    from areal.infra.rpc.rtensor import RTensor
+@dataclass
+class RuntimeOptions:
+    """How the runtime schedules: the mode, admission and retries."""
 
-    return RTensor.localize(x)
+    mode: str = "async"
+    kv_budget: int | None = None  # bytes; None = unlimited
+    max_rolling: int | None = None
+    task_retries: int = 0
+    rollout_timeout: float | None = None
+    # Returns the server's KV bytes in use, or None when it cannot be read;
+    # polled every kv_poll_interval_s while no other event arrives.
+    kv_probe: Callable[[], int | None] | None = None
+    kv_poll_interval_s: float = 1.0
+    keep_adapters: int = 0
+    save_retries: int = 2
+    # Called after every committed step with its steps.jsonl record and stats.
+    on_step: Callable[[dict[str, Any], dict[str, float]], None] | None = None
 
 
 class Runtime:
-    """``kv_budget`` (bytes) and ``max_rolling`` drive admission; ``kv_probe``
-    (returns the server's KV bytes in use, or None) feeds live usage into it every
-    ``kv_poll_interval_s``; ``task_retries`` retries a failed phase per version."""
-
     def __init__(
         self,
         tasks: list[TaskRun],
         rollout: RolloutBackend,
         trainer: TrainBackend,
         store: RunStore,
-        mode: str = "async",
-        kv_budget: int | None = None,
-        max_rolling: int | None = None,
-        task_retries: int = 0,
-        rollout_timeout: float | None = None,
-        on_step: Callable[[dict[str, Any], dict[str, float]], None] | None = None,
-        kv_probe: Callable[[], int | None] | None = None,
-        kv_poll_interval_s: float = 1.0,
-        keep_adapters: int = 0,
-        save_retries: int = 2,
+        options: RuntimeOptions | None = None,
     ):
+        self.options = opts = options or RuntimeOptions()
         self.tasks = {t.name: t for t in tasks}
         self.rollout = rollout
         self.trainer = trainer
         self.store = store
-        self.mode = mode
-        self.rollout_timeout = rollout_timeout
-        self.on_step = on_step
-        self.kv_probe = kv_probe
-        self.kv_poll_interval_s = kv_poll_interval_s
-        self.keep_adapters = keep_adapters
-        self.save_retries = save_retries
         self.core = SchedulerCore(
-            mode=mode,
-            kv_budget=kv_budget,
-            max_rolling=max_rolling,
-            task_retries=task_retries,
+            mode=opts.mode,
+            kv_budget=opts.kv_budget,
+            max_rolling=opts.max_rolling,
+            task_retries=opts.task_retries,
         )
         self.events: queue.Queue = queue.Queue()
         self._workers = ThreadPoolExecutor(len(tasks) + 1, "marlaas-task")
@@ -164,16 +163,19 @@ class Runtime:
         return self.summary(time.time() - self.started_at)
 
     def _next_event(self):
-        if self.kv_probe is None:
-            return self.events.get()
-        try:
-            return self.events.get(timeout=self.kv_poll_interval_s)
-        except queue.Empty:
-            used = self.kv_probe()
-            if used is None:
-                return self._next_event()
-            self.kv_peak_reported = max(self.kv_peak_reported, used)
-            return KVUsage(used)
+        """The next event; while none arrives, the server's KV usage every
+        ``kv_poll_interval_s`` (a probe that cannot read it just waits again)."""
+        probe = self.options.kv_probe
+        while True:
+            if probe is None:
+                return self.events.get()
+            try:
+                return self.events.get(timeout=self.options.kv_poll_interval_s)
+            except queue.Empty:
+                used = probe()
+            if used is not None:
+                self.kv_peak_reported = max(self.kv_peak_reported, used)
+                return KVUsage(used)
 
     def _reject(self, t: TaskRun, reason: str) -> None:
         logger.error(f"task {t.name} rejected: {reason}")
@@ -248,19 +250,31 @@ class Runtime:
         if start - t.ready_at > 0.05:  # held by admission, a barrier or its turn
             self.store.event(a.task, a.version, "wait", t.ready_at, start)
         rows = t.data.next_batch(t.batch_size)
-        trajs = self.rollout.rollout_task(
-            rows, t.workflow, t.workflow_kwargs, t.n_samples, self.rollout_timeout
+        results = self.rollout.rollout_task(
+            rows,
+            t.workflow,
+            t.workflow_kwargs,
+            t.n_samples,
+            self.options.rollout_timeout,
         )
-        ok = [x for x in trajs if x is not None]
+        reasons = [trajectory.failure_reason(x) for x in results]
+        ok = [x for x, why in zip(results, reasons) if x is not None and why is None]
         if not ok:
-            why = last_episode_error(a.task)
+            why = next((r for r in reasons if r), "no trajectory came back")
             raise RuntimeError(
-                f"all {len(trajs)} rollouts of v{a.version} failed"
-                + (f"; last error: {why}" if why else "")
+                f"all {len(results)} rollouts of v{a.version} failed; last error: {why}"
+            )
+        failed = len(results) - len(ok)
+        if failed:
+            logger.warning(
+                f"task {a.task} v{a.version}: {failed} of {len(results)} episodes "
+                f"failed ({next(r for r in reasons if r)}); training on the rest"
             )
         t.batch = ok
         t.rollout_end = time.time()
         self.store.event(a.task, a.version, "rollout", start, t.rollout_end)
+        for env_start, env_end in trajectory.env_intervals(ok):
+            self.store.event(a.task, a.version, "env", env_start, env_end)
         self._admission(a.task, a.version, "release")
         return RolloutDone(a.task, a.version)
 
@@ -269,15 +283,18 @@ class Runtime:
         start = time.time()
         self.store.event(a.task, a.version, "queue", t.rollout_end, start)
         batch, t.batch = t.batch, None
-        rewards = torch.cat([_tensor(x["rewards"]).flatten() for x in batch])
-        staleness = max(
-            a.version
-            - int(_tensor(x["versions"])[_tensor(x["loss_mask"]).bool()].min())
-            for x in batch
-        )
-        stats = self.trainer.train_task(a.task, batch)
+        rewards = trajectory.rewards(batch)
+        staleness = trajectory.staleness(batch, a.version)
+        result = self.trainer.train_task(a.task, batch)
         self.trainer.release_batch(batch)
-        new = a.version + 1
+        new = int(result["version"])
+        if new != a.version + 1:
+            raise VersionMismatchError(
+                f"task {a.task}: the trainer committed v{new} for a batch of "
+                f"v{a.version}"
+            )
+        stats = result.get("stats", {})
+        audit = result.get("audit", {})
         self._save(a.task, new, str(self.store.adapter_dir(a.task, new)))
         end = time.time()
         record = {
@@ -291,6 +308,7 @@ class Runtime:
             "t_commit": end,
             "loss": stats.get(f"marlaas/{a.task}/ppo_actor/update/actor_loss/avg"),
             "grad_norm": stats.get(f"marlaas/{a.task}/ppo_actor/update/grad_norm"),
+            **audit,
         }
         # The step line goes first: a crash between the two leaves a line newer
         # than state.json, which a resumed store drops (never a missing line).
@@ -299,25 +317,25 @@ class Runtime:
         self.store.event(a.task, a.version, "train", start, end)
         t.commits.append(end)
         t.rewards.append(float(rewards.mean()))
-        if self.on_step is not None:
-            self.on_step(record, stats)
+        if self.options.on_step is not None:
+            self.options.on_step(record, stats)
         return TrainDone(a.task, new)
 
     def _save(self, task: str, version: int, folder: str) -> None:
         """Write version ``version``'s adapter and optimizer state, retrying a
         failed write in place: the engine already holds that version, so the
         phase retry (a new batch at the old version) would be refused as stale."""
-        for attempt in range(self.save_retries + 1):
+        retries = self.options.save_retries
+        for attempt in range(retries + 1):
             try:
                 self.trainer.save_adapter(task, folder)
-                if hasattr(self.trainer, "save_task_state"):  # optimizer.pt
-                    self.trainer.save_task_state(task, folder)
+                self.trainer.save_task_state(task, folder)
                 return
             except Exception as e:
-                if attempt == self.save_retries:
+                if attempt == retries:
                     raise RuntimeError(
                         f"saving v{version} to {folder} failed "
-                        f"{attempt + 1}x (fault.save_retries={self.save_retries}): "
+                        f"{attempt + 1}x (fault.save_retries={retries}): "
                         f"{type(e).__name__}: {e}"
                     ) from e
                 wait = min(2.0**attempt, 10.0)
@@ -336,7 +354,7 @@ class Runtime:
         t.ready_at = time.time()
         self.store.event(a.task, a.version, "publish", start, t.ready_at)
         # Bounded retention: the newest K commits, never the one now served.
-        self.store.retain_adapters(a.task, self.keep_adapters, served=a.version)
+        self.store.retain_adapters(a.task, self.options.keep_adapters, served=a.version)
         return PublishDone(a.task, a.version)
 
     # -- report -----------------------------------------------------------------
@@ -359,7 +377,7 @@ class Runtime:
                 "tpts_p50_s": statistics.median(gaps) if gaps else None,
             }
         return {
-            "mode": self.mode,
+            "mode": self.options.mode,
             "wall_s": wall,
             "train_steps_per_hour": steps / wall * 3600 if wall > 0 else 0.0,
             "kv_budget": self.core.kv_budget,

@@ -9,11 +9,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from areal_marlaas.manager.store import read_jsonl
+from areal_marlaas.metrics.runlog import read_jsonl
+from areal_marlaas.scheduler.core import MODES
 from areal_marlaas.sim.models import LatencyModels, RunLog, fit_models
 from areal_marlaas.sim.simulator import SimTask, simulate
-
-PROJECTION_MODES = ("async", "sync", "sequential", "collocated")
 
 
 def load_bench(path: str | Path) -> tuple[dict[str, Any], Path]:
@@ -136,7 +135,7 @@ def project(
     train_devices: int = 1,
     kv_budget_per_device: int | None = None,
     steps: int | None = None,
-    modes: tuple[str, ...] = PROJECTION_MODES,
+    modes: tuple[str, ...] = MODES,
 ) -> list[dict[str, Any]]:
     """Replicas of the bench's first task on the modelled cluster. ``collocated``
     uses the collocated fit (rollout and training sharing the devices, one task

@@ -32,10 +32,9 @@ class TaskKind:
     reward_fn: str
     needs_path: bool
     load: Callable[[TaskSpec], list[dict]]
-    # Default workflow (import path; "" = the single-turn RLVR workflow) and the
-    # kind-specific kwargs it takes beyond task/reward_fn/gconfig/tokenizer.
+    # Default workflow (import path; "" = the single-turn RLVR workflow); the
+    # workflow class says which of the task's settings it takes.
     workflow: str = ""
-    workflow_kwargs: Callable[[TaskSpec], dict] | None = None
     needs_search: bool = False
 
 
@@ -69,24 +68,6 @@ def _wiki_search(spec: TaskSpec) -> list[dict]:
     return rows[: spec.dataset.size] if spec.dataset.size else rows
 
 
-def _search_kwargs(spec: TaskSpec) -> dict:
-    s = spec.search
-    return {
-        # Absolute: rollout workers may run in another working directory.
-        "corpus_path": str(Path(s.corpus_path).expanduser().resolve()),
-        "top_k": s.top_k,
-        "max_tool_calls": s.max_tool_calls,
-        "tool_timeout_s": s.tool_timeout_s,
-        "passage_chars": s.passage_chars,
-        "response_prefix": s.response_prefix,
-        "scorer": s.scorer,
-        "judge_url": s.judge_url,
-        "judge_model": s.judge_model,
-        "judge_timeout_s": s.judge_timeout_s,
-        "judge_retries": s.judge_retries,
-    }
-
-
 KINDS: dict[str, TaskKind] = {
     "addition": TaskKind("addition", NUMERIC_REWARD, False, _arithmetic("addition")),
     "multiplication": TaskKind(
@@ -101,7 +82,6 @@ KINDS: dict[str, TaskKind] = {
         True,
         _wiki_search,
         workflow=SEARCH_WORKFLOW,
-        workflow_kwargs=_search_kwargs,
         needs_search=True,
     ),
 }

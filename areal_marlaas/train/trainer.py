@@ -20,24 +20,21 @@ from areal.utils.hf_utils import load_hf_tokenizer
 from areal.utils.network import find_free_ports
 from areal.utils.stats_logger import StatsLogger
 
-from areal_marlaas.admission import KVModel, task_kv_bytes
+from areal_marlaas import admission
+from areal_marlaas.admission import KVModel
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
-from areal_marlaas.fault import FaultToleranceConfig
 from areal_marlaas.manager.data import TaskData
 from areal_marlaas.manager.store import RunStore
 from areal_marlaas.placement import parse_cpus, pin_current_process
-from areal_marlaas.rollout.metrics import capacity_tokens, scrape
-from areal_marlaas.rollout.session import RolloutSession, task_workflow
-from areal_marlaas.scheduler.runtime import Runtime, TaskRun
+from areal_marlaas.rollout.session import RolloutSession
+from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions, TaskRun
 from areal_marlaas.tasks import load_task_rows
+from areal_marlaas.train import screen
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
+from areal_marlaas.workflows import task_workflow
 from areal_marlaas.workflows.reward import IsolatedReward
 
 logger = logging.getLogger("MARLaaSTrainer")
-
-
-def run_dir(cfg: MARLaaSConfig) -> Path:
-    return Path(cfg.cluster.fileroot) / cfg.experiment_name / cfg.trial_name
 
 
 def _port_free(host: str, port: str) -> bool:
@@ -70,11 +67,10 @@ def add_tenant(
     spec: TaskSpec,
     store: RunStore,
     tokenizer,
-    tokenizer_path: str,
+    cfg: MARLaaSConfig,
     kv: KVModel | None = None,
     resume: bool = False,
-    fault: FaultToleranceConfig | None = None,
-):
+) -> TaskRun:
     """Give ``spec`` its state on the trainer, commit its v0 adapter, and return
     what the runtime needs to run it (``engine``: the FSDP actor or its handle).
 
@@ -92,6 +88,9 @@ def add_tenant(
         n_samples=spec.n_samples,
         seed=spec.seed,
         temperature=spec.temperature,
+        ppo=spec.ppo.overrides(),
+        audit_trajectories=cfg.audit.trajectories,
+        audit_max_mean_gap=cfg.audit.limit(cfg.vllm.dtype, cfg.actor.dtype),
         **(
             {
                 "init_adapter": str(store.adapter_dir(spec.name, version)),
@@ -108,7 +107,7 @@ def add_tenant(
     else:
         engine.save_adapter(spec.name, str(store.adapter_dir(spec.name, 0)))
         store.commit(spec.name, 0, {"cursor": 0, "steps": 0})
-    workflow, kwargs = task_workflow(spec, tokenizer_path, fault)
+    workflow, kwargs = task_workflow(spec, cfg.tokenizer_path, cfg.fault)
     data = TaskData(
         rows,
         spec.seed,
@@ -116,15 +115,6 @@ def add_tenant(
         spec.max_prompt_tokens,
         cursor=state["cursor"] if state else 0,
     )
-    kv_bytes = 0
-    if kv is not None:
-        kv_bytes = task_kv_bytes(
-            kv,
-            spec.max_prompt_tokens,
-            spec.max_new_tokens,
-            spec.batch_size,
-            spec.n_samples,
-        )
     return TaskRun(
         name=spec.name,
         total_steps=spec.total_steps,
@@ -133,46 +123,24 @@ def add_tenant(
         data=data,
         workflow=workflow,
         workflow_kwargs=kwargs,
-        kv_bytes=kv_bytes,
+        kv_bytes=kv.task_bytes(spec) if kv is not None else 0,
         priority=spec.priority,
         start_version=version,
     )
 
 
-def server_kv_capacity(cfg: MARLaaSConfig, kv: KVModel, address: str) -> int | None:
-    """KV-cache bytes the server holds: from its own report (cache_config_info),
-    else what the config gives a launched CPU server; None when unknown."""
-    from areal_marlaas.check import kv_capacity_bytes
-
-    try:
-        tokens = capacity_tokens(scrape(address))
-    except Exception as e:  # an attached server without /metrics
-        logger.warning(f"cannot read the KV capacity of {address}: {e}")
-        tokens = None
-    if tokens:
-        return tokens * kv.bytes_per_token
-    return kv_capacity_bytes(cfg)
-
-
-def kv_budget(cfg: MARLaaSConfig, capacity: int | None) -> int | None:
-    sched = cfg.scheduler
-    if sched.kv_budget_bytes:
-        return sched.kv_budget_bytes
-    if capacity is None:
-        return None
-    return int(capacity * sched.kv_budget_fraction)
-
-
-def kv_probe(address: str, capacity: int):
-    """Bytes of KV the server reports in use (None when it cannot be read)."""
-
-    def probe() -> int | None:
-        try:
-            return int(scrape(address, timeout=2).kv_cache_usage * capacity)
-        except Exception:
-            return None
-
-    return probe
+def fit_threads_to_cores(cfg: MARLaaSConfig) -> None:
+    """Never more compute threads than the cores this machine gives us: AReaL's
+    default worker spec asks for 8 (its OMP_NUM_THREADS) even on 2 cores."""
+    cores = len(os.sched_getaffinity(0))
+    for role in ("actor", "rollout"):
+        for spec in getattr(cfg, role).scheduling_spec:
+            if spec.cpu > cores:
+                logger.info(
+                    f"{role}.scheduling_spec cpu={spec.cpu} > {cores} cores here: "
+                    f"using {cores} threads"
+                )
+                spec.cpu = cores
 
 
 class MultiTaskTrainer:
@@ -180,13 +148,15 @@ class MultiTaskTrainer:
         """``task_errors``: tasks that already failed their checks (they are
         reported failed; the others run)."""
         self.cfg = cfg
-        self.store = RunStore(run_dir(cfg), fresh=not cfg.resume)
+        self.store = RunStore(cfg.run_dir, fresh=not cfg.resume)
         self.failed_at_start: dict[str, str] = dict(task_errors or {})
         self.restarts: list[dict[str, Any]] = []
         self.engine = None  # the FSDP actor, or its single-controller handle
         self.scheduler = None
         self.session: RolloutSession | None = None
         self.timings: dict[str, float] = {}
+        self.kv = KVModel.for_config(cfg)
+        self.screen = screen.Screen(cfg, self.store.root)
 
     def _init_scheduler(self):
         """AReaL's single-controller scheduler, or None for in-process engines."""
@@ -194,6 +164,7 @@ class MultiTaskTrainer:
         kind = cfg.scheduler.type
         if kind is None:
             return None
+        fit_threads_to_cores(cfg)
         if cfg.cluster.name_resolve.type == "nfs":
             Path(cfg.cluster.name_resolve.nfs_record_root).mkdir(
                 parents=True, exist_ok=True
@@ -230,10 +201,7 @@ class MultiTaskTrainer:
         return engine
 
     def _prepare_tasks(self, engine) -> list[TaskRun]:
-        from areal_marlaas.check import kv_model
-
         tokenizer = load_hf_tokenizer(self.cfg.tokenizer_path)
-        self.kv = kv_model(self.cfg)
         tasks = []
         for spec in self.cfg.tasks:
             if spec.name in self.failed_at_start:
@@ -246,10 +214,9 @@ class MultiTaskTrainer:
                         spec,
                         self.store,
                         tokenizer,
-                        self.cfg.tokenizer_path,
+                        self.cfg,
                         self.kv,
                         resume=self.cfg.resume,
-                        fault=self.cfg.fault,
                     )
                 )
             except Exception as e:  # one tenant's broken data never stops the run
@@ -296,27 +263,31 @@ class MultiTaskTrainer:
         torch.set_num_threads(len(used))
         logger.info(f"trainer pinned to cores {sorted(used)}")
 
-    def _admission(self) -> dict[str, Any]:
-        """Runtime arguments for the mode and KV-aware admission."""
-        sched = self.cfg.scheduler
+    def _options(self) -> RuntimeOptions:
+        """The mode, KV-aware admission and retries, for the runtime."""
+        cfg, sched = self.cfg, self.cfg.scheduler
         address = self.session.addresses[0] if self.session.addresses else None
-        capacity = server_kv_capacity(self.cfg, self.kv, address) if address else None
-        budget = kv_budget(self.cfg, capacity)
+        capacity = admission.capacity(cfg, self.kv, address)
+        budget = admission.budget(cfg, capacity)
         probe = None
         if sched.kv_live and address and capacity:
-            probe = kv_probe(address, capacity)
+            probe = admission.usage_probe(address, capacity)
         self.timings["kv_capacity_bytes"] = capacity or 0
         logger.info(
             f"mode={sched.mode} kv capacity={capacity} budget={budget} "
             f"max_rolling={sched.max_rolling} live={probe is not None}"
         )
-        return dict(
+        return RuntimeOptions(
             mode=sched.mode,
             kv_budget=budget,
             max_rolling=sched.max_rolling,
             task_retries=sched.task_retries,
+            rollout_timeout=cfg.rollout.request_timeout,
             kv_probe=probe,
             kv_poll_interval_s=sched.kv_poll_interval_s,
+            keep_adapters=cfg.fault.keep_adapters,
+            save_retries=cfg.fault.save_retries,
+            on_step=self._progress,
         )
 
     def run(self) -> dict[str, Any]:
@@ -325,8 +296,10 @@ class MultiTaskTrainer:
         try:
             self.scheduler = self._init_scheduler()
             self._pin_trainer()
+            self.screen.phase("starting the trainer")
             self.engine = engine = self._build_trainer()
             tasks = self._prepare_tasks(engine)
+            self.screen.phase("starting the rollout server")
             self.session = RolloutSession(cfg, self.store.root)
             rollout = self.session.start(self.scheduler)
             rollout = self.session.supervise(rollout, on_restart=self._on_restart)
@@ -338,21 +311,13 @@ class MultiTaskTrainer:
                     self.store.adapter_dir(t.name, t.start_version),
                 )
             self.timings["setup_s"] = time.monotonic() - t0
-            runtime = Runtime(
-                tasks,
-                rollout,
-                engine,
-                self.store,
-                rollout_timeout=cfg.rollout.request_timeout,
-                on_step=self._progress,
-                keep_adapters=cfg.fault.keep_adapters,
-                save_retries=cfg.fault.save_retries,
-                **self._admission(),
-            )
-            self._t_run = time.time()
-            self._n_commits = 0
+            runtime = Runtime(tasks, rollout, engine, self.store, self._options())
             self.stats_logger = StatsLogger(
                 cfg, FinetuneSpec(1, sum(t.total_steps for t in tasks), 1)
+            )
+            self.screen.start(
+                {t.name: (t.start_version, t.total_steps) for t in tasks},
+                self.timings["setup_s"],
             )
             summary = runtime.run()
             self.stats_logger.close()
@@ -373,21 +338,14 @@ class MultiTaskTrainer:
         return summary
 
     def _progress(self, r: dict[str, Any], stats: dict[str, float]) -> None:
-        """Per-step: a terminal line, and the step's metrics to AReaL's stats
-        logger (tensorboard/wandb/... as configured)."""
-        self._n_commits += 1
+        """Per step: a line on the screen, and the step's metrics to AReaL's
+        stats logger (tensorboard/wandb/... as configured)."""
+        n = self.screen.step(r)
         scalars = {
             f"marlaas/{r['task']}/{k}": float(r[k])
             for k in ("reward_mean", "queue_wait_s", "train_s", "version")
         }
-        self.stats_logger.commit(
-            0, self._n_commits - 1, self._n_commits - 1, {**stats, **scalars}
-        )
-        logger.info(
-            f"[{time.time() - self._t_run:7.1f}s] {r['task']:<12} v{r['version']:<3} "
-            f"reward={r['reward_mean']:.3f} queue={r['queue_wait_s']:.1f}s "
-            f"train={r['train_s']:.1f}s"
-        )
+        self.stats_logger.commit(0, n - 1, n - 1, {**stats, **scalars})
 
     def close(self) -> None:
         IsolatedReward.shutdown_all()
@@ -402,33 +360,6 @@ class MultiTaskTrainer:
             self.scheduler = None
 
 
-def format_summary(summary: dict[str, Any]) -> str:
-    cols = ["task", "status", "steps", "version", "reward_first", "reward_last"]
-    cols += ["ttfs_s", "tpts_p50_s"]
-    lines = ["  ".join(f"{c:>12}" for c in cols)]
-    for name, t in summary["tasks"].items():
-        vals = [name, t["status"], t["steps"], t["final_version"]]
-        vals += [t.get(k) for k in ("reward_first", "reward_last")]
-        vals += [t.get(k) for k in ("ttfs_s", "tpts_p50_s")]
-        lines.append("  ".join(f"{_fmt(v):>12}" for v in vals))
-    for name, t in summary["tasks"].items():
-        if t["status"] != "done" and t.get("error"):
-            lines.append(f"{name} {t['status']}: {t['error']}")
-    lines.append(
-        f"mode={summary['mode']} wall={summary['wall_s']:.1f}s "
-        f"train_steps/h={summary['train_steps_per_hour']:.1f} "
-        f"admission_holds={summary.get('admission_holds', 0)}"
-    )
-    lines.append(f"run dir: {summary['run_dir']}")
-    return "\n".join(lines)
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-
 def main(argv: list[str] | None = None) -> int:
     import sys
 
@@ -436,9 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     from areal_marlaas.config import load_config
 
     cfg, _ = load_config(list(sys.argv[1:] if argv is None else argv))
+    screen.quiet_logs(cfg)
     task_errors: dict[str, str] = {}  # a task that fails its checks fails alone
     check_config(cfg, task_errors)
     summary = MultiTaskTrainer(cfg, task_errors).run()
-    print(format_summary(summary), flush=True)
+    print(screen.format_summary(summary), flush=True)
     failed = [n for n, t in summary["tasks"].items() if t["status"] != "done"]
     return 1 if failed else 0

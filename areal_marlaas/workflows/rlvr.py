@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal import workflow_context
 from areal.api.cli_args import GenerationHyperparameters
@@ -12,31 +12,23 @@ from areal.workflow.rlvr import RLVRWorkflow
 from transformers import PreTrainedTokenizerFast
 
 from areal_marlaas.rollout.seeding import seeded_sampling
+from areal_marlaas.trajectory import collect_served_adapters, generated_versions
+from areal_marlaas.workflows.base import TaskWorkflow
 from areal_marlaas.workflows.reward import IsolatedReward
+
+if TYPE_CHECKING:
+    from areal_marlaas.config import FaultToleranceConfig, TaskSpec
 
 logger = logging.getLogger("MARLaaSWorkflow")
 
-# The last error of an episode per task (this process), so a rollout whose
-# episodes all failed can say why (AReaL's executor logs it and returns None).
-_LAST_ERROR: dict[str, str] = {}
 
-
-def last_episode_error(task: str) -> str:
-    return _LAST_ERROR.get(task, "")
-
-
-def generated_versions(traj: dict[str, Any]) -> set[int]:
-    """The adapter versions that produced a trajectory's generated tokens."""
-    mask = traj["loss_mask"].bool()
-    return set(traj["versions"][mask].tolist())
-
-
-class MultiTaskRLVRWorkflow(RLVRWorkflow):
+class MultiTaskRLVRWorkflow(TaskWorkflow, RLVRWorkflow):
     """AReaL's RLVRWorkflow bound to one task.
 
     Requests carry ``lora_name=<task>`` so the multi-LoRA engine serves them with
-    the task's current adapter; the trajectory gains ``task`` (a string) next to
-    AReaL's per-token ``versions``, ``logprobs`` and ``rewards``.
+    the task's current adapter; the trajectory gains ``task`` and
+    ``served_adapters`` (see ``areal_marlaas.trajectory``) next to AReaL's
+    per-token ``versions``, ``logprobs`` and ``rewards``.
     """
 
     def __init__(
@@ -74,36 +66,30 @@ class MultiTaskRLVRWorkflow(RLVRWorkflow):
                 task, fn, reward_timeout_s, reward_workers
             )
 
+    @classmethod
+    def workflow_kwargs(
+        cls,
+        task: TaskSpec,
+        tokenizer_path: str,
+        fault: FaultToleranceConfig | None = None,
+    ) -> dict[str, Any]:
+        kwargs = super().workflow_kwargs(task, tokenizer_path, fault)
+        if fault is not None:
+            kwargs["reward_timeout_s"] = task.reward_timeout_s or fault.reward_timeout_s
+            kwargs["reward_workers"] = fault.reward_workers
+        return kwargs
+
     async def arun_episode(self, engine, data: dict[str, Any]) -> dict[str, Any] | None:
-        try:
-            with seeded_sampling(self.sampling_seed):
-                traj = await super().arun_episode(engine, data)
-        except Exception as e:
-            _LAST_ERROR[self.task] = f"{type(e).__name__}: {e}"
-            raise
+        with seeded_sampling(self.sampling_seed), collect_served_adapters() as served:
+            traj = await super().arun_episode(engine, data)
         versions = generated_versions(traj)
         if len(versions) != 1:
             # The engine pins one version per request; several means a bug upstream.
-            logger.error(f"task {self.task}: episode mixes adapter versions {versions}")
-            return None
+            raise RuntimeError(
+                f"task {self.task}: episode mixes adapter versions {sorted(versions)}"
+            )
         scope = f"{workflow_context.stat_scope()}/{self.task}"
         stats_tracker.get(scope).scalar(reward=float(traj["rewards"].item()))
         traj["task"] = self.task
+        traj["served_adapters"] = list(served)
         return traj
-
-
-def trajectory_summary(traj: dict[str, Any]) -> dict[str, Any]:
-    """Plain-Python view of one (possibly grouped) trajectory, for logs and tests."""
-    mask = traj["loss_mask"].bool()
-    out = []
-    for i in range(traj["input_ids"].shape[0]):
-        m = mask[i]
-        out.append(
-            {
-                "output_ids": traj["input_ids"][i][m].tolist(),
-                "logprobs": traj["logprobs"][i][m].tolist(),
-                "versions": sorted(set(traj["versions"][i][m].tolist())),
-                "reward": float(traj["rewards"][i]),
-            }
-        )
-    return {"task": traj.get("task"), "samples": out}

@@ -12,12 +12,14 @@ version -1, so only the policy's own tokens are trained on.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from areal import workflow_context
@@ -43,7 +45,11 @@ from areal_marlaas.tasks.search import (
     format_passages,
     get_index,
 )
-from areal_marlaas.workflows.rlvr import generated_versions
+from areal_marlaas.trajectory import collect_served_adapters, generated_versions
+from areal_marlaas.workflows.base import TaskWorkflow
+
+if TYPE_CHECKING:
+    from areal_marlaas.config import FaultToleranceConfig, TaskSpec
 
 logger = logging.getLogger("MARLaaSSearchAgent")
 
@@ -87,7 +93,7 @@ def information_text(body: str) -> str:
     return f"\n{INFO_OPEN}\n{body}\n{INFO_CLOSE}\n"
 
 
-class SearchAgentWorkflow(RolloutWorkflow):
+class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
     """One task's search agent; requests route to the task's adapter.
 
     ``gconfig.max_new_tokens`` is the episode's response budget: generated and
@@ -147,6 +153,30 @@ class SearchAgentWorkflow(RolloutWorkflow):
         # Recent episode outcomes (reward, reason, tool calls), for logs and tests.
         self.outcomes: deque[dict[str, Any]] = deque(maxlen=256)
 
+    @classmethod
+    def workflow_kwargs(
+        cls,
+        task: TaskSpec,
+        tokenizer_path: str,
+        fault: FaultToleranceConfig | None = None,
+    ) -> dict[str, Any]:
+        s = task.search
+        return {
+            **super().workflow_kwargs(task, tokenizer_path, fault),
+            # Absolute: rollout workers may run in another working directory.
+            "corpus_path": str(Path(s.corpus_path).expanduser().resolve()),
+            "top_k": s.top_k,
+            "max_tool_calls": s.max_tool_calls,
+            "tool_timeout_s": s.tool_timeout_s,
+            "passage_chars": s.passage_chars,
+            "response_prefix": s.response_prefix,
+            "scorer": s.scorer,
+            "judge_url": s.judge_url,
+            "judge_model": s.judge_model,
+            "judge_timeout_s": s.judge_timeout_s,
+            "judge_retries": s.judge_retries,
+        }
+
     # -- tools ------------------------------------------------------------------
     async def _search_fn(self) -> Callable[[str, int], list[Passage]]:
         if self.search_fn is None:
@@ -192,8 +222,10 @@ class SearchAgentWorkflow(RolloutWorkflow):
 
     # -- episode ----------------------------------------------------------------
     async def arun_episode(self, engine, data: dict[str, Any]) -> dict[str, Any] | None:
-        with seeded_sampling(self.sampling_seed):
-            return await self._episode(engine, data)
+        with seeded_sampling(self.sampling_seed), collect_served_adapters() as served:
+            traj = await self._episode(engine, data)
+        traj["served_adapters"] = list(served)
+        return traj
 
     async def _episode(self, engine, data: dict[str, Any]) -> dict[str, Any] | None:
         prompt_ids = apply_chat_template(
@@ -217,6 +249,7 @@ class SearchAgentWorkflow(RolloutWorkflow):
         pieces: list[str] = []
         answer, reason = None, ""
         calls = timeouts = 0
+        env: list[float] = []  # start, end of each tool call (the env phase)
         while True:
             room = budget - (len(seq) - len(prompt_ids))
             if room <= 0:
@@ -249,7 +282,9 @@ class SearchAgentWorkflow(RolloutWorkflow):
             if calls > self.max_tool_calls:
                 reason = f"more than max_tool_calls={self.max_tool_calls} searches"
                 break
+            t0 = time.time()
             body, tool_error = await self.search(turn.value)
+            env += [t0, time.time()]
             if tool_error:
                 timeouts += tool_error.startswith("search timed out")
                 logger.info(f"task {self.task}: {tool_error} (query {turn.value!r})")
@@ -293,8 +328,9 @@ class SearchAgentWorkflow(RolloutWorkflow):
         traj = {k: v.unsqueeze(0) for k, v in traj.items()}
         found = generated_versions(traj)
         if len(found) != 1:
-            logger.error(f"task {self.task}: episode mixes adapter versions {found}")
-            return None
+            raise RuntimeError(
+                f"task {self.task}: episode mixes adapter versions {sorted(found)}"
+            )
         scope = f"{workflow_context.stat_scope()}/{self.task}"
         stats_tracker.get(scope).scalar(
             reward=reward,
@@ -303,4 +339,5 @@ class SearchAgentWorkflow(RolloutWorkflow):
             answered=float(answer is not None),
         )
         traj["task"] = self.task
+        traj["env_intervals"] = env
         return traj

@@ -7,12 +7,13 @@ vLLM loads in the API server, engine core and every worker process).
 
 vLLM's CPU punica wrapper uses ``vllm.lora.ops.torch_ops``, whose ``bgmv_*`` ops
 gather one full LoRA matrix *per token* (``weights[indices]``: tokens x out x rank)
-and run a batched mat-vec in the activation dtype. On one core without bf16
-instructions that adds 14 s to a 1,320-token 3-adapter prefill (47 s vs 33 s for
-the base model), stalling every tenant at each round's start. Here each adapter in
-the batch is one GEMM over its own tokens, accumulated in float32. Token index -1
-(no adapter) contributes zero, as in vLLM's GPU kernels (the torch ops would
-index the last slot's weights instead). ``MARLAAS_GROUPED_LORA=0`` keeps vLLM's ops.
+and run a batched mat-vec in the activation dtype, which makes a multi-adapter
+prefill far slower than the base model's (docs/cpu_serving.md has the measured
+numbers and their machine), stalling every tenant at each round's start. Here
+each adapter in the batch is one GEMM over its own tokens, accumulated in
+float32. Token index -1 (no adapter) contributes zero, as in vLLM's GPU kernels
+(the torch ops would index the last slot's weights instead).
+``MARLAAS_GROUPED_LORA=0`` keeps vLLM's ops.
 
 Seeded requests (vLLM 0.32): when a step only prefills part of a seeded prompt,
 the runner discards that step's sample and rewinds the request's generator with

@@ -18,11 +18,15 @@ from pathlib import Path
 
 from areal.utils import logging
 
-from areal_marlaas.adapters import init_lora_adapter
+from areal_marlaas.adapters import adapter_name, init_lora_adapter
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
+from areal_marlaas.manager.store import RunStore
+from areal_marlaas.metrics.fmt import fmt
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
-from areal_marlaas.rollout.session import RolloutSession, task_workflow
+from areal_marlaas.rollout.session import RolloutSession
 from areal_marlaas.tasks import load_task_rows
+from areal_marlaas.trajectory import failure_reason
+from areal_marlaas.workflows import task_workflow
 
 logger = logging.getLogger("MARLaaSRolloutBench")
 
@@ -38,15 +42,12 @@ class BatchResult:
     wall_s: float
 
 
-def run_dir(cfg: MARLaaSConfig) -> Path:
-    return Path(cfg.cluster.fileroot) / cfg.experiment_name / cfg.trial_name
-
-
 def make_v0_adapters(cfg: MARLaaSConfig, root: Path) -> dict[str, Path]:
     """Every task starts from B=0 (the base model), its A seeded by the task seed."""
+    store = RunStore(root, fresh=None)
     out = {}
     for task in cfg.tasks:
-        path = root / "tasks" / task.name / "adapters" / "v0"
+        path = store.adapter_dir(task.name, 0)
         if not (path / "adapter_config.json").exists():
             init_lora_adapter(
                 cfg.actor.path,
@@ -82,12 +83,12 @@ def run_batches(
                 rows, workflow, kwargs, group_size=task.n_samples
             )
             wall = time.monotonic() - t0
-            ok = [t for t in trajs if t is not None]
+            ok = [t for t in trajs if t is not None and failure_reason(t) is None]
             tokens = sum(int(t["loss_mask"].sum()) for t in ok)
             rewards = [float(r) for t in ok for r in t["rewards"]]
             results[i] = BatchResult(
                 task=task.name,
-                adapter=f"{task.name}-v{engine.task_version(task.name)}",
+                adapter=adapter_name(task.name, engine.task_version(task.name)),
                 trajectories=sum(t["rewards"].shape[0] for t in ok),
                 failed=len(trajs) - len(ok),
                 tokens=tokens,
@@ -111,7 +112,7 @@ def run_batches(
 
 def rollout_once(cfg: MARLaaSConfig) -> dict:
     """Quickstart: one concurrent batch per task on v0 adapters."""
-    root = run_dir(cfg)
+    root = cfg.run_dir
     adapters = make_v0_adapters(cfg, root)
     with RolloutSession(cfg, root) as session:
         engine = session.engine
@@ -135,7 +136,7 @@ def bench_rollout(cfg: MARLaaSConfig, max_new_tokens: int, repeats: int) -> dict
     training), so both modes sample from the same distribution and produce
     comparable lengths, while every request still runs the LoRA kernels.
     """
-    root = run_dir(cfg)
+    root = cfg.run_dir
     adapters = make_v0_adapters(cfg, root)
     tasks = [replace(t, max_new_tokens=max_new_tokens) for t in cfg.tasks]
     rows = {t.name: load_task_rows(t) for t in tasks}
@@ -200,13 +201,7 @@ def print_table(title: str, rows: list[dict], cols: list[str]) -> None:
     print(title)
     print("  ".join(f"{c:>14}" for c in cols))
     for r in rows:
-        print("  ".join(f"{_fmt(r.get(c)):>14}" for c in cols))
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    return str(v)
+        print("  ".join(f"{fmt(r.get(c), 3):>14}" for c in cols))
 
 
 def write_json(path: Path, data: dict) -> None:

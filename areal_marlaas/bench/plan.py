@@ -1,0 +1,113 @@
+"""What ``marlaas bench`` runs: the workload per run, the runs, their cores."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from areal_marlaas.config import BenchConfig, ConfigError, MARLaaSConfig, TaskSpec
+from areal_marlaas.config.bench import ABLATIONS
+from areal_marlaas.placement import parse_cpus
+
+PLACEMENTS = ("disaggregated", "collocated")
+
+
+@dataclass
+class RunPlan:
+    label: str
+    mode: str
+    placement: str
+    tasks: list[TaskSpec]
+    group: str  # mode | ablation | sweep
+    overrides: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tenants(self) -> int:
+        return len(self.tasks)
+
+
+# -- config ---------------------------------------------------------------------
+def workload(bench: BenchConfig, cfg: MARLaaSConfig, n: int) -> list[TaskSpec]:
+    """The first ``n`` tenants: replicas ``<task>_<i>`` (seed + i) of bench.task,
+    or the task mix as given, cycled (renamed, reseeded) past its length."""
+    if bench.task:
+        by_name = {t.name: t for t in cfg.tasks}
+        if bench.task not in by_name:
+            raise ConfigError(
+                f"bench.task: no task named {bench.task!r}; the tasks are "
+                f"{sorted(by_name)}."
+            )
+        templates = [by_name[bench.task]]
+    else:
+        templates = list(cfg.tasks)
+    out = []
+    for i in range(n):
+        t = templates[i % len(templates)]
+        if not bench.task and i < len(templates):
+            spec = t
+        else:
+            spec = dataclasses.replace(t, name=f"{t.name}_{i}", seed=t.seed + i)
+        if bench.steps:
+            spec = dataclasses.replace(spec, total_steps=bench.steps)
+        out.append(spec)
+    return out
+
+
+def plan_runs(bench: BenchConfig, cfg: MARLaaSConfig) -> list[RunPlan]:
+    n = bench.replicas or len(cfg.tasks)
+    tasks = workload(bench, cfg, n)
+    plans = []
+    for mode in bench.modes:
+        placement = "collocated" if mode == "collocated" else "disaggregated"
+        plans.append(RunPlan(mode, mode, placement, tasks, "mode"))
+    for name in bench.ablations:
+        mode, extra = ABLATIONS[name]
+        plans.append(
+            RunPlan(f"{mode}_{name}", mode, "disaggregated", tasks, "ablation", extra)
+        )
+    for k in sorted({int(c) for c in bench.concurrency}):
+        if k == n and bench.sweep_mode in bench.modes:
+            continue  # the mode run is this sweep point
+        placement = (
+            "collocated" if bench.sweep_mode == "collocated" else "disaggregated"
+        )
+        plans.append(
+            RunPlan(
+                f"{bench.sweep_mode}_c{k}",
+                bench.sweep_mode,
+                placement,
+                workload(bench, cfg, k),
+                "sweep",
+            )
+        )
+    return plans
+
+
+def sweep_labels(bench: BenchConfig, cfg: MARLaaSConfig) -> dict[int, str]:
+    n = bench.replicas or len(cfg.tasks)
+    out = {}
+    for k in sorted({int(c) for c in bench.concurrency}):
+        same = k == n and bench.sweep_mode in bench.modes
+        out[k] = bench.sweep_mode if same else f"{bench.sweep_mode}_c{k}"
+    return out
+
+
+def placement_cpus(bench: BenchConfig, placement: str) -> dict[str, Any]:
+    if placement == "collocated":
+        c = len(parse_cpus(bench.collocated_cpus, "bench.collocated_cpus"))
+        return {
+            "server_cpus": bench.collocated_cpus,
+            "trainer_cpus": bench.collocated_cpus,
+            "cores": (c, c, c),
+        }
+    s = len(parse_cpus(bench.server_cpus, "bench.server_cpus"))
+    t = len(parse_cpus(bench.trainer_cpus, "bench.trainer_cpus"))
+    return {
+        "server_cpus": bench.server_cpus,
+        "trainer_cpus": bench.trainer_cpus,
+        "cores": (s, t, s + t),
+    }
+
+
+# -- running --------------------------------------------------------------------

@@ -1,0 +1,205 @@
+"""What ``marlaas bench`` writes: bench.json, bench.md (tables), plots, and each
+run's logs with times relative to its start."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from areal.utils import logging
+
+from areal_marlaas.metrics.fmt import fmt
+
+logger = logging.getLogger("MARLaaSBench")
+
+OUT_LIMIT_BYTES = 3 * 2**20
+
+
+def _compact_event(e: dict[str, Any], t0: float) -> dict[str, Any]:
+    out = dict(e)
+    for k in ("start", "end", "t"):
+        if isinstance(out.get(k), int | float):
+            out[k] = round(out[k] - t0, 3)
+    return out
+
+
+_STEP_KEYS = (
+    "task",
+    "version",
+    "reward_mean",
+    "staleness_max",
+    "n_trajectories",
+    "queue_wait_s",
+    "train_s",
+    "t_commit",
+)
+
+
+def compact_run(
+    run: dict[str, Any], samples: list[dict[str, Any]], dest: Path, max_samples: int
+) -> float:
+    """Write the run's logs to ``dest`` with times relative to the run's first
+    phase record (rounded to ms) and samples thinned to ``max_samples``; returns
+    the time origin."""
+    dest.mkdir(parents=True, exist_ok=True)
+    starts = [e["start"] for e in run["events"] if "phase" in e]
+    t0 = min(starts) if starts else 0.0
+    with open(dest / "events.jsonl", "w") as f:
+        for e in run["events"]:
+            f.write(json.dumps(_compact_event(e, t0)) + "\n")
+    with open(dest / "steps.jsonl", "w") as f:
+        for s in run["steps"]:
+            rec = {k: s.get(k) for k in _STEP_KEYS}
+            rec["t_commit"] = round(s["t_commit"] - t0, 3)
+            for k in ("reward_mean", "queue_wait_s", "train_s"):
+                if isinstance(rec[k], float):
+                    rec[k] = round(rec[k], 4)
+            f.write(json.dumps(rec) + "\n")
+    summary = {k: v for k, v in run["summary"].items() if k != "run_dir"}
+    (dest / "summary.json").write_text(json.dumps(summary, indent=1))
+    stride = max(1, -(-len(samples) // max_samples))
+    with open(dest / "samples.jsonl", "w") as f:
+        for s in samples[::stride]:
+            rec = {k: round(v, 3) for k, v in s.items()}
+            rec["t"] = round(s["t"] - t0, 3)
+            f.write(json.dumps(rec) + "\n")
+    return t0
+
+
+def _pair(m: dict[str, Any], a: str, b: str) -> str:
+    return f"{fmt(m.get(a))}/{fmt(m.get(b))}"
+
+
+def format_result(r: dict[str, Any]) -> str:
+    m = r.get("metrics") or {}
+    if r["status"] != "ok":
+        return f"{r['label']}: {r['status'].upper()} {r.get('error', '')}"
+    return (
+        f"{r['label']}: wall {fmt(m.get('wall_s'))}s, "
+        f"{fmt(m.get('train_steps_per_hour'))} steps/h, "
+        f"rollout util {fmt(m.get('rollout_util_cpu'), pct=True)}, "
+        f"train util {fmt(m.get('train_util_cpu'), pct=True)}, "
+        f"TTFS p50 {fmt(m.get('ttfs_p50_s'))}s, TPTS p50 {fmt(m.get('tpts_p50_s'))}s"
+    )
+
+
+MD_COLUMNS = [
+    ("run", lambda r, m: r["label"]),
+    ("mode", lambda r, m: r["mode"]),
+    ("placement", lambda r, m: r["placement"]),
+    ("tenants", lambda r, m: str(r["tenants"])),
+    ("status", lambda r, m: r["status"]),
+    ("wall s", lambda r, m: fmt(m.get("wall_s"))),
+    ("steps/h", lambda r, m: fmt(m.get("train_steps_per_hour"))),
+    (
+        "speedup vs seq",
+        lambda r, m: fmt(r.get("ratios", {}).get("speedup_vs_sequential"), 2),
+    ),
+    ("rollout util (CPU)", lambda r, m: fmt(m.get("rollout_util_cpu"), pct=True)),
+    ("rollout busy (gauge)", lambda r, m: fmt(m.get("rollout_busy_gauge"), pct=True)),
+    ("train util (CPU)", lambda r, m: fmt(m.get("train_util_cpu"), pct=True)),
+    ("idle %", lambda r, m: fmt(m.get("idle_pct"), 0)),
+    ("TTFS p50/max s", lambda r, m: _pair(m, "ttfs_p50_s", "ttfs_max_s")),
+    ("TPTS p50/p95 s", lambda r, m: _pair(m, "tpts_p50_s", "tpts_p95_s")),
+]
+
+
+def format_markdown(result: dict[str, Any]) -> str:
+    b = result["bench"]
+    lines = [
+        "# marlaas bench",
+        "",
+        f"Model `{Path(result['model']).name}`; workload: "
+        + (
+            f"{b['replicas']} replicas of `{b['task']}`"
+            if b["task"]
+            else "the task mix"
+        )
+        + f", {b['steps'] or 'own'} steps each. Disaggregated: server on cores "
+        f"{b['server_cpus']}, trainer on {b['trainer_cpus']}; collocated: both on "
+        f"{b['collocated_cpus']}. Utilization = CPU time of the process tree / (window"
+        " x its cores); gauge = share of samples with `num_requests_running > 0`.",
+        "",
+        "| " + " | ".join(c for c, _ in MD_COLUMNS) + " |",
+        "|" + "---|" * len(MD_COLUMNS),
+    ]
+    for r in result["runs"]:
+        m = r.get("metrics") or {}
+        lines.append("| " + " | ".join(fn(r, m) for _, fn in MD_COLUMNS) + " |")
+    failed = [r for r in result["runs"] if r["status"] != "ok"]
+    if failed:
+        lines += ["", "Failed runs:", ""]
+        for r in failed:
+            why = r.get("error") or (r.get("log_tail") or "").splitlines()[-1:] or [""]
+            lines.append(f"* `{r['label']}`: {why if isinstance(why, str) else why[0]}")
+    lines += format_phase_table(result["runs"])
+    lines += [
+        "",
+        "![phase timeline](timeline.png)",
+        "",
+        "![utilization](utilization.png)",
+        "",
+    ]
+    if result.get("sweep"):
+        lines += ["![concurrency sweep](concurrency.png)", ""]
+    return "\n".join(lines)
+
+
+# Per-task phase columns: (header, phase, statistic). ``wait`` is time ready to
+# roll out but held (sync barrier, admission, turn): summed, since it happens on
+# some steps only; the others are per-step means.
+PHASE_COLUMNS = (
+    ("rollout mean s", "rollout", "mean"),
+    ("wait total s", "wait", "total"),
+    ("queue mean s", "queue", "mean"),
+    ("train mean s", "train", "mean"),
+    ("publish mean s", "publish", "mean"),
+)
+
+
+def format_phase_table(runs: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: each run's per-task rollout latency and waiting time (the
+    paper's Table 1 view), from the phases recorded in its ``events.jsonl``."""
+    rows = [r for r in runs if r.get("phases")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Per task (wait = held by a sync barrier, admission or its turn; queue = "
+        "waiting for the trainer):",
+        "",
+        "| run | task | steps | " + " | ".join(h for h, _, _ in PHASE_COLUMNS) + " |",
+        "|" + "---|" * (3 + len(PHASE_COLUMNS)),
+    ]
+    for r in rows:
+        for task in sorted(t for t in r["phases"] if t != "all"):
+            ph = r["phases"][task]
+            cells = [r["label"], task, str(ph.get("train", {}).get("n", 0))]
+            for _, phase, stat in PHASE_COLUMNS:
+                s = ph.get(phase)
+                if s is None:
+                    cells.append("0.0" if stat == "total" else "-")
+                else:
+                    v = s["mean_s"] * s["n"] if stat == "total" else s["mean_s"]
+                    cells.append(f"{v:.1f}")
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_outputs(result: dict[str, Any], out: Path) -> None:
+    from areal_marlaas.bench.plots import plot_all
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    (out / "bench.md").write_text(format_markdown(result))
+    try:
+        plot_all(result, out)
+    except Exception as e:  # plots are a convenience; the numbers are written
+        logger.error(f"plotting failed: {type(e).__name__}: {e}")
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    if size > OUT_LIMIT_BYTES:
+        logger.warning(
+            f"{out} holds {size / 2**20:.1f} MiB (> 3 MiB): do not commit it as is"
+        )
+    print(f"[bench] wrote {out} ({size / 1024:.0f} KiB)", flush=True)

@@ -1,0 +1,350 @@
+"""Running ``marlaas bench``: one vLLM server per placement, warmed up, and each
+planned configuration as its own ``marlaas train`` subprocess attached to it
+(``scheduler.type=null``: in-process engines, one process per run so memory is
+freed between runs), sampling utilization while it goes. A failed run is
+reported, not fatal."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+from areal.utils import logging
+from omegaconf import OmegaConf, open_dict
+
+from areal_marlaas.admission import KVModel
+from areal_marlaas.bench.metrics import ratios, run_metrics
+from areal_marlaas.bench.plan import (
+    PLACEMENTS,
+    RunPlan,
+    placement_cpus,
+    plan_runs,
+    sweep_labels,
+)
+from areal_marlaas.bench.report import compact_run, format_result, write_outputs
+from areal_marlaas.bench.sampler import UtilizationSampler
+from areal_marlaas.config import (
+    BenchConfig,
+    BenchRunConfig,
+    MARLaaSConfig,
+    TaskSpec,
+    load_config,
+)
+from areal_marlaas.config.loader import compose_yaml, parse_args, resolve_tasks_path
+from areal_marlaas.metrics.report import phase_stats
+from areal_marlaas.metrics.runlog import load_run
+from areal_marlaas.procs import stop_group, tail
+
+logger = logging.getLogger("MARLaaSBench")
+
+
+_MACHINE_KEYS = ("cluster.fileroot=", "server.addresses=")
+
+
+def portable_overrides(cmd: list[str]) -> list[str]:
+    """The ``key=value`` overrides of a run command that say how it ran, not where."""
+    return [a for a in cmd if "=" in a and not a.startswith(_MACHINE_KEYS)]
+
+
+def load_bench_config(
+    argv: list[str],
+) -> tuple[BenchConfig, BenchRunConfig, str, list[str]]:
+    """``--config X.yaml [--tasks T.yaml] [bench.k=v ...] [k=v ...]`` -> the bench
+    settings, the validated config, the training YAML every run starts from (the
+    main YAML without its ``bench`` section, its tasks file made absolute) and the
+    training overrides (every override but ``bench.*``)."""
+    cfg, config_file = load_config(argv, schema=BenchRunConfig)
+    args = parse_args(argv)
+    train_overrides = [
+        o for o in args.overrides if not o.lstrip("+").startswith("bench.")
+    ]
+    raw = compose_yaml(config_file)
+    with open_dict(raw):
+        raw.pop("bench", None)
+        if raw.get("tasks_file"):
+            raw.tasks_file = str(resolve_tasks_path(str(raw.tasks_file), config_file))
+    base = Path(tempfile.mkdtemp(prefix="marlaas-bench-")) / "train.yaml"
+    OmegaConf.save(raw, base)
+    tasks = []
+    if args.tasks:
+        tasks = ["--tasks", str(resolve_tasks_path(args.tasks, config_file))]
+    return cfg.bench, cfg, str(base), [*tasks, *train_overrides]
+
+
+def warm_up(address: str, n: int, max_tokens: int = 16) -> None:
+    """A few concurrent base-model completions, so the first run does not pay for
+    the server's first batches."""
+    if n <= 0:
+        return
+    model = requests.get(f"http://{address}/v1/models", timeout=30).json()["data"][0][
+        "id"
+    ]
+
+    def one(i: int) -> None:
+        requests.post(
+            f"http://{address}/v1/completions",
+            json={"model": model, "prompt": f"{i} + {i} =", "max_tokens": max_tokens},
+            timeout=300,
+        )
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+
+def write_tasks_yaml(tasks: list[TaskSpec], path: Path) -> None:
+    OmegaConf.save(
+        OmegaConf.create({"tasks": [dataclasses.asdict(t) for t in tasks]}), path
+    )
+
+
+class Bench:
+    def __init__(
+        self,
+        bench: BenchConfig,
+        cfg: MARLaaSConfig,
+        base_yaml: str,
+        train_args: list[str],
+    ):
+        self.bench = bench
+        self.cfg = cfg
+        self.base_yaml = base_yaml
+        # --tasks of the command line is replaced by each run's own tasks file.
+        args = list(train_args)
+        if "--tasks" in args:
+            i = args.index("--tasks")
+            del args[i : i + 2]
+        self.train_overrides = [
+            a for a in args if not a.lstrip("+~").startswith(("tasks.", "tasks="))
+        ]
+        self.work = Path(
+            bench.work_dir
+            or Path(cfg.cluster.fileroot) / f"{cfg.experiment_name}-bench"
+        )
+        self.out = Path(bench.out)
+        self.plans = plan_runs(bench, cfg)
+        self.kv_bytes = _kv_estimator(cfg)
+
+    def train_command(self, plan: RunPlan, address: str, tasks_yaml: Path) -> list:
+        cpus = placement_cpus(self.bench, plan.placement)
+        overrides = {
+            "experiment_name": self.cfg.experiment_name,
+            "trial_name": plan.label,
+            "cluster.fileroot": str(self.work),
+            "server.addresses": f"['{address}']",
+            "scheduler.type": "null",
+            "scheduler.mode": plan.mode,
+            "scheduler.trainer_cpus": cpus["trainer_cpus"],
+            **plan.overrides,
+        }
+        return [
+            sys.executable,
+            "-m",
+            "areal_marlaas.train",
+            "--config",
+            self.base_yaml,
+            "--tasks",
+            str(tasks_yaml),
+            *self.train_overrides,
+            *(f"{k}={v}" for k, v in overrides.items()),
+        ]
+
+    def start_server(self, placement: str):
+        from areal_marlaas.rollout.server import VLLMServer
+
+        cpus = placement_cpus(self.bench, placement)["server_cpus"]
+        changes: dict[str, Any] = {
+            "addresses": [],
+            "port": 0,
+            "cpu_omp_threads_bind": cpus,
+        }
+        if any(f.name == "cpu_affinity" for f in dataclasses.fields(self.cfg.server)):
+            changes["cpu_affinity"] = cpus
+        server_cfg = dataclasses.replace(self.cfg.server, **changes)
+        server = VLLMServer(
+            self.cfg.vllm.model,
+            self.cfg.vllm,
+            server_cfg,
+            self.work / f"vllm_{placement}.log",
+        )
+        server.start()
+        return server
+
+    def execute(self, plan: RunPlan, server, out_dir: Path | None) -> dict[str, Any]:
+        """One ``marlaas train`` subprocess, sampled; its metrics (or error)."""
+        tasks_yaml = self.work / f"{plan.label}.tasks.yaml"
+        write_tasks_yaml(plan.tasks, tasks_yaml)
+        cmd = self.train_command(plan, server.address, tasks_yaml)
+        log_path = self.work / f"{plan.label}.log"
+        run_dir = self.work / self.cfg.experiment_name / plan.label
+        shutil.rmtree(run_dir, ignore_errors=True)
+        result: dict[str, Any] = {
+            "label": plan.label,
+            "mode": plan.mode,
+            "placement": plan.placement,
+            "group": plan.group,
+            "tenants": plan.tenants,
+            "overrides": plan.overrides,
+            "tasks": [
+                {
+                    "name": t.name,
+                    "batch_size": t.batch_size,
+                    "n_samples": t.n_samples,
+                    "max_new_tokens": t.max_new_tokens,
+                    "max_prompt_tokens": t.max_prompt_tokens,
+                    "total_steps": t.total_steps,
+                    "priority": t.priority,
+                    "kv_bytes": self.kv_bytes(t),
+                }
+                for t in plan.tasks
+            ],
+            # The run's settings, without this machine's paths and ports.
+            "command": " ".join(["marlaas train", *portable_overrides(cmd)]),
+        }
+        t_start = time.monotonic()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        sampler = UtilizationSampler(
+            server.process.pid if server.process else None,
+            proc.pid,
+            server.address,
+            self.bench.sample_interval_s,
+        ).start()
+        try:
+            rc = proc.wait(timeout=self.bench.run_timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_group(proc, graceful=False)
+            rc = None
+        except BaseException:  # Ctrl-C: its own session would outlive the bench
+            stop_group(proc, graceful=False)
+            sampler.stop()
+            raise
+        samples = sampler.stop()
+        result["process_s"] = time.monotonic() - t_start
+        result["returncode"] = rc
+        run = load_run(run_dir)
+        cores = placement_cpus(self.bench, plan.placement)["cores"]
+        result["cores"] = {"server": cores[0], "trainer": cores[1], "total": cores[2]}
+        ok = rc == 0 and bool(run["steps"])
+        result["status"] = "ok" if ok else ("timeout" if rc is None else "failed")
+        if not ok:
+            result["log_tail"] = tail(log_path, 25)
+        if run["events"]:
+            result["metrics"] = run_metrics(run, samples, cores)
+            result["phases"] = phase_stats(run_dir)
+            if out_dir is not None:
+                compact_run(run, samples, out_dir / "runs" / plan.label, 400)
+        if not self.bench.keep_adapters:
+            shutil.rmtree(run_dir / "tasks", ignore_errors=True)
+        return result
+
+    def run(self) -> dict[str, Any]:
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        # Each run gets its tasks as its own --tasks file.
+        base = OmegaConf.load(self.base_yaml)
+        with open_dict(base):
+            base.pop("tasks", None)
+            base.pop("tasks_file", None)
+        OmegaConf.save(base, self.work / "train.yaml")
+        self.base_yaml = str(self.work / "train.yaml")
+        t0 = time.monotonic()
+        results: dict[str, dict[str, Any]] = {}
+        total = len(self.plans)
+        done = 0
+        servers: dict[str, float | None] = {}
+        for placement in PLACEMENTS:
+            plans = [p for p in self.plans if p.placement == placement]
+            if not plans:
+                continue
+            print(f"[bench] {placement}: starting the vLLM server", flush=True)
+            try:
+                server = self.start_server(placement)
+            except Exception as e:
+                logger.error(f"{placement} server failed to start: {e}")
+                for p in plans:
+                    done += 1
+                    results[p.label] = {
+                        "label": p.label,
+                        "mode": p.mode,
+                        "placement": placement,
+                        "group": p.group,
+                        "tenants": p.tenants,
+                        "status": "failed",
+                        "error": f"server start: {type(e).__name__}: {e}"[:2000],
+                    }
+                    print(f"[bench {done}/{total}] {p.label}: FAILED (server)")
+                servers[placement] = None
+                continue
+            servers[placement] = server.startup_s
+            try:
+                warm_up(server.address, self.bench.warmup_requests)
+                if self.bench.warmup_run and placement == self.plans[0].placement:
+                    print("[bench] warm-up run (1 task, 1 step, discarded)", flush=True)
+                    warm = dataclasses.replace(plans[0].tasks[0], total_steps=1)
+                    w = self.execute(
+                        RunPlan("warmup", plans[0].mode, placement, [warm], "warmup"),
+                        server,
+                        None,
+                    )
+                    if w["status"] != "ok":
+                        logger.warning(f"warm-up run failed: {w.get('log_tail', '')}")
+                for p in plans:
+                    done += 1
+                    if not server.alive():  # a crashed server fails one run only
+                        logger.error(f"{placement} server died; restarting it")
+                        server.stop()
+                        server = self.start_server(placement)
+                    print(
+                        f"[bench {done}/{total}] {p.label}: mode={p.mode} "
+                        f"placement={placement} tenants={p.tenants} ...",
+                        flush=True,
+                    )
+                    r = self.execute(p, server, self.out)
+                    results[p.label] = r
+                    print(f"[bench {done}/{total}] {format_result(r)}", flush=True)
+            finally:
+                server.stop()
+        metrics = {k: r["metrics"] for k, r in results.items() if "metrics" in r}
+        rat = ratios(metrics)
+        for k, r in results.items():
+            r["ratios"] = rat.get(k, {})
+        bench_result = {
+            "bench": dataclasses.asdict(self.bench),
+            "model": Path(self.cfg.vllm.model).name,
+            "experiment_name": self.cfg.experiment_name,
+            "server_start_s": servers,
+            "kv_capacity_bytes": int(self.cfg.server.cpu_kvcache_space_gib * 2**30),
+            "max_num_seqs": self.cfg.vllm.max_num_seqs,
+            "total_s": time.monotonic() - t0,
+            "runs": [results[p.label] for p in self.plans if p.label in results],
+            "sweep": {
+                str(k): v
+                for k, v in sweep_labels(self.bench, self.cfg).items()
+                if v in results
+            },
+        }
+        write_outputs(bench_result, self.out)
+        return bench_result
+
+
+def _kv_estimator(cfg: MARLaaSConfig):
+    """``spec -> KV bytes of one rollout batch`` (0 when the model is unknown)."""
+    try:
+        kv = KVModel.for_config(cfg)
+    except Exception as e:  # the estimate only feeds the simulator
+        logger.warning(f"no KV estimate: {e}")
+        return lambda t: 0
+    return kv.task_bytes

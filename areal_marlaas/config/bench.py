@@ -1,0 +1,138 @@
+"""``marlaas bench`` settings: the ``bench:`` section beside a training config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from areal_marlaas.config.run import MARLaaSConfig
+from areal_marlaas.errors import ConfigError
+from areal_marlaas.scheduler.core import MODES
+
+# ablation -> (mode, extra train overrides)
+ABLATIONS: dict[str, tuple[str, dict[str, str]]] = {
+    "no_multi_lora": ("async", {"scheduler.multi_lora": "false"}),
+}
+
+
+@dataclass
+class BenchConfig:
+    """What ``marlaas bench`` runs (the ``bench:`` section of the config)."""
+
+    task: str = field(
+        default="",
+        metadata={
+            "help": "Task (by name, from the tasks YAML) replicated `replicas` "
+            "times as <name>_<i> with seed + i; empty = the task mix as given."
+        },
+    )
+    replicas: int = field(
+        default=8,
+        metadata={"help": "Tenants in the mode runs; 0 = as many as the tasks."},
+    )
+    steps: int = field(
+        default=3, metadata={"help": "Training steps per task; 0 = the tasks' own."}
+    )
+    modes: list[str] = field(
+        default_factory=lambda: list(MODES),
+        metadata={"help": f"Scheduler modes to run, of {list(MODES)}."},
+    )
+    ablations: list[str] = field(
+        default_factory=lambda: ["no_multi_lora"],
+        metadata={
+            "help": f"Ablation runs, of {list(ABLATIONS)} (no_multi_lora: async "
+            "with one adapter per server batch). Without asynchrony = mode sync."
+        },
+    )
+    concurrency: list[int] = field(
+        default_factory=lambda: [1, 2, 4, 8],
+        metadata={"help": "Tenant counts of the sweep (empty = no sweep)."},
+    )
+    sweep_mode: str = field(
+        default="async", metadata={"help": "Scheduler mode of the sweep runs."}
+    )
+    out: str = field(
+        default="docs/results/bench",
+        metadata={"help": "Where bench.json, bench.md, PNGs and run logs go."},
+    )
+    work_dir: str = field(
+        default="",
+        metadata={
+            "help": "Run directories and server logs; empty = "
+            "<cluster.fileroot>/<experiment_name>-bench."
+        },
+    )
+    server_cpus: str = field(
+        default="0",
+        metadata={"help": "Disaggregated: cores of the vLLM server (affinity, OMP)."},
+    )
+    trainer_cpus: str = field(
+        default="1", metadata={"help": "Disaggregated: cores of the trainer."}
+    )
+    collocated_cpus: str = field(
+        default="0-1",
+        metadata={"help": "Collocated: cores the server and the trainer share."},
+    )
+    warmup_requests: int = field(
+        default=8, metadata={"help": "Completions sent to each new server first."}
+    )
+    warmup_run: bool = field(
+        default=True,
+        metadata={"help": "A discarded 1-task 1-step training run before the first."},
+    )
+    sample_interval_s: float = field(
+        default=0.5, metadata={"help": "Utilization sampling period."}
+    )
+    run_timeout_s: float = field(
+        default=3600.0, metadata={"help": "A run still going after this fails."}
+    )
+    keep_adapters: bool = field(
+        default=False,
+        metadata={"help": "Keep each run's adapter folders in the work dir."},
+    )
+
+    def __post_init__(self):
+        for m in self.modes:
+            if m not in MODES:
+                raise ConfigError(
+                    f"bench.modes: unknown mode {m!r}; use some of {list(MODES)}."
+                )
+        for a in self.ablations:
+            if a not in ABLATIONS:
+                raise ConfigError(
+                    f"bench.ablations: unknown ablation {a!r}; use some of "
+                    f"{list(ABLATIONS)} (without asynchrony is mode sync)."
+                )
+        if self.replicas < 0:
+            raise ConfigError(f"bench.replicas must be >= 0, got {self.replicas}.")
+        if self.task and self.replicas < 1:
+            raise ConfigError("bench.replicas must be >= 1 when bench.task is set.")
+        if self.steps < 0:
+            raise ConfigError(f"bench.steps must be >= 0, got {self.steps}.")
+        if any(int(c) < 1 for c in self.concurrency):
+            raise ConfigError(
+                f"bench.concurrency: tenant counts must be >= 1, got "
+                f"{list(self.concurrency)}."
+            )
+        if self.concurrency and self.sweep_mode not in MODES:
+            raise ConfigError(
+                f"bench.sweep_mode: unknown mode {self.sweep_mode!r}; use one of "
+                f"{list(MODES)}."
+            )
+        if not (self.modes or self.ablations or self.concurrency):
+            raise ConfigError(
+                "bench: nothing to run; give bench.modes, bench.ablations or "
+                "bench.concurrency."
+            )
+        if self.sample_interval_s <= 0:
+            raise ConfigError("bench.sample_interval_s must be > 0.")
+        if self.run_timeout_s <= 0:
+            raise ConfigError("bench.run_timeout_s must be > 0.")
+
+
+@dataclass
+class BenchRunConfig(MARLaaSConfig):
+    """A training config plus the bench's own section."""
+
+    bench: BenchConfig = field(
+        default_factory=BenchConfig, metadata={"help": "What marlaas bench runs."}
+    )

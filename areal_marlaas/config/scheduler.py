@@ -1,0 +1,116 @@
+"""How tenant tasks share the rollout server and the trainer (``scheduler.*``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from areal.api.cli_args import SchedulerConfig
+
+from areal_marlaas.errors import ConfigError
+from areal_marlaas.placement import parse_cpus
+from areal_marlaas.scheduler.core import MODES
+
+
+@dataclass
+class MARLaaSSchedulerConfig(SchedulerConfig):
+    """AReaL's scheduler settings (``type``: local|ray|slurm|null) plus how tenant
+    tasks share the rollout server and the trainer."""
+
+    mode: str = field(
+        default="async",
+        metadata={
+            "help": "async: MARLaaS (tasks overlap, no global barrier); sync: "
+            "multi-LoRA synchronous rounds with barriers; sequential: one task at a "
+            "time, server and trainer on separate cores (Single-Disaggregated); "
+            "collocated: one task at a time on shared cores (Single-Collocated).",
+            "choices": list(MODES),
+        },
+    )
+    multi_lora: bool = field(
+        default=True,
+        metadata={
+            "help": "Batch several tasks' adapters in one server batch. false = the "
+            "ablation: one task rolls out at a time."
+        },
+    )
+    max_concurrent_rollouts: int = field(
+        default=0,
+        metadata={"help": "Most tasks rolling out at once; 0 = no cap."},
+    )
+    kv_budget_bytes: int = field(
+        default=0,
+        metadata={
+            "help": "KV-cache bytes the rolling-out tasks may use together; "
+            "0 = kv_budget_fraction of the server's KV capacity."
+        },
+    )
+    kv_budget_fraction: float = field(
+        default=1.0,
+        metadata={
+            "help": "Budget as a fraction of the server's KV capacity (read from the "
+            "server at start) when kv_budget_bytes is 0."
+        },
+    )
+    kv_live: bool = field(
+        default=False,
+        metadata={
+            "help": "Also poll the server's vllm:kv_cache_usage_perc and admit "
+            "against max(estimate, reported usage)."
+        },
+    )
+    kv_poll_interval_s: float = field(
+        default=1.0, metadata={"help": "Seconds between KV usage polls (kv_live)."}
+    )
+    task_retries: int = field(
+        default=0,
+        metadata={
+            "help": "Retries of a task's failed rollout, training step or publish "
+            "at one version before the task is marked failed."
+        },
+    )
+    trainer_cpus: str = field(
+        default="",
+        metadata={
+            "help": "CPU cores of the in-process trainer (e.g. '1' or '2-3'); "
+            "empty = no pinning."
+        },
+    )
+
+    def __post_init__(self):
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:
+            parent()
+        if self.mode not in MODES:
+            raise ConfigError(
+                f"scheduler.mode must be one of {list(MODES)}, got {self.mode!r}."
+            )
+        if self.max_concurrent_rollouts < 0:
+            raise ConfigError(
+                "scheduler.max_concurrent_rollouts must be >= 0 (0 = no cap), got "
+                f"{self.max_concurrent_rollouts}."
+            )
+        if self.kv_budget_bytes < 0:
+            raise ConfigError(
+                "scheduler.kv_budget_bytes must be >= 0 (0 = from the server), got "
+                f"{self.kv_budget_bytes}."
+            )
+        if not 0 < self.kv_budget_fraction <= 1:
+            raise ConfigError(
+                "scheduler.kv_budget_fraction must be in (0, 1], got "
+                f"{self.kv_budget_fraction}."
+            )
+        if self.kv_poll_interval_s <= 0:
+            raise ConfigError("scheduler.kv_poll_interval_s must be > 0.")
+        if self.task_retries < 0:
+            raise ConfigError(
+                f"scheduler.task_retries must be >= 0, got {self.task_retries}."
+            )
+        parse_cpus(self.trainer_cpus, "scheduler.trainer_cpus")
+
+    @property
+    def max_rolling(self) -> int | None:
+        """Tasks that may roll out at once (None = no cap)."""
+        caps = [self.max_concurrent_rollouts] if self.max_concurrent_rollouts else []
+        if not self.multi_lora:
+            caps.append(1)
+        return min(caps) if caps else None

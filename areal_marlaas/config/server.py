@@ -1,0 +1,153 @@
+"""Settings of the shared multi-LoRA vLLM server: how it is launched and served."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from areal.api.cli_args import vLLMConfig
+
+from areal_marlaas.errors import ConfigError
+from areal_marlaas.placement import parse_cpus
+
+PLATFORMS = ("auto", "cpu", "cuda", "npu")
+
+
+@dataclass
+class MultiLoRAvLLMConfig(vLLMConfig):
+    """AReaL's vLLM settings plus the multi-LoRA flags AReaL does not expose."""
+
+    dtype: str = field(
+        default="float32",
+        metadata={
+            "help": "Weights/activations/KV dtype of the server. float32 matches the "
+            "trainer's default (actor.dtype), so trainer and server logprobs agree, "
+            "and CPUs without native bf16 emulate bf16 matmuls slowly; set both to "
+            "bfloat16 on GPU/NPU."
+        },
+    )
+    max_cpu_loras: int = field(
+        default=0,
+        metadata={
+            "help": "Adapters kept loaded on the server (vLLM --max-cpu-loras). "
+            "0 = 2 x max_loras, so a task's old and new version can both be live."
+        },
+    )
+    enable_lora: bool = field(
+        default=True, metadata={"help": "Multi-LoRA serving; MARLaaS needs it on."}
+    )
+    max_model_len: int | None = field(
+        default=2048,
+        metadata={"help": "Context length the server reserves per sequence."},
+    )
+    logprobs_mode: str = field(
+        default="processed_logprobs",
+        metadata={
+            "help": "What vLLM returns as token logprobs. PPO's old logprobs must "
+            "be those of the sampling distribution (after temperature); vLLM's "
+            "default raw_logprobs ignores temperature.",
+            "choices": ["processed_logprobs", "raw_logprobs"],
+        },
+    )
+    max_num_seqs: int = field(
+        default=128, metadata={"help": "Sequences the server batches at once."}
+    )
+
+    def __post_init__(self):
+        if not self.enable_lora:
+            raise ConfigError(
+                "vllm.enable_lora must be true: every MARLaaS task is a LoRA adapter."
+            )
+        if self.max_loras < 1:
+            raise ConfigError(f"vllm.max_loras must be >= 1, got {self.max_loras}.")
+        if self.max_cpu_loras and self.max_cpu_loras < self.max_loras:
+            raise ConfigError(
+                f"vllm.max_cpu_loras ({self.max_cpu_loras}) must be >= vllm.max_loras "
+                f"({self.max_loras}); set it to 0 for the default (2 x max_loras)."
+            )
+
+
+@dataclass
+class RolloutServerConfig:
+    """Where the rollout server runs and how it is started."""
+
+    addresses: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "host:port of running vLLM servers to attach to. "
+            "Empty = launch one local server."
+        },
+    )
+    python: str = field(
+        default="",
+        metadata={
+            "help": "Python of the vLLM venv. Empty = $MARLAAS_VLLM_PYTHON or the "
+            "venv built by setup."
+        },
+    )
+    host: str = field(default="127.0.0.1", metadata={"help": "Bind address."})
+    port: int = field(default=0, metadata={"help": "Port; 0 picks a free one."})
+    platform: str = field(
+        default="auto",
+        metadata={
+            "help": "Accelerator of the server: auto|cpu|cuda|npu (npu = vLLM-Ascend).",
+            "choices": list(PLATFORMS),
+        },
+    )
+    startup_timeout_s: float = field(
+        default=600.0, metadata={"help": "Seconds to wait for /health after launch."}
+    )
+    cpu_kvcache_space_gib: float = field(
+        default=4.0,
+        metadata={"help": "CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)."},
+    )
+    cpu_omp_threads_bind: str = field(
+        default="auto",
+        metadata={
+            "help": "CPU only: cores for vLLM's compute (VLLM_CPU_OMP_THREADS_BIND)."
+        },
+    )
+    cpu_affinity: str = field(
+        default="",
+        metadata={
+            "help": "CPU only: cores the whole server process (frontend included) "
+            "may run on, e.g. '0' or '0-1'; empty = no pinning. Also binds vLLM's "
+            "compute threads there when cpu_omp_threads_bind is auto."
+        },
+    )
+    cpu_grouped_lora: bool = field(
+        default=True,
+        metadata={
+            "help": "CPU only: load areal-marlaas's vLLM plugin, which computes each "
+            "adapter's LoRA as one GEMM over its tokens instead of vLLM's per-token "
+            "weight gather (measured in docs/cpu_serving.md). false = vLLM's own "
+            "torch ops. (The plugin loads on CPU either way: it also keeps seeded "
+            "sampling working when a prefill is chunked.)"
+        },
+    )
+    devices: str = field(
+        default="",
+        metadata={
+            "help": "Accelerator ids for the server (CUDA_VISIBLE_DEVICES or "
+            "ASCEND_RT_VISIBLE_DEVICES). Empty = inherit."
+        },
+    )
+    env: dict[str, str] = field(
+        default_factory=dict, metadata={"help": "Extra environment for the server."}
+    )
+    log_file: str = field(
+        default="", metadata={"help": "Server log; empty = <run dir>/vllm_server.log."}
+    )
+
+    def __post_init__(self):
+        if self.platform not in PLATFORMS:
+            raise ConfigError(
+                f"server.platform must be one of {list(PLATFORMS)}, "
+                f"got {self.platform!r}."
+            )
+        parse_cpus(self.cpu_affinity, "server.cpu_affinity")
+        for addr in self.addresses:
+            if ":" not in addr:
+                raise ConfigError(
+                    f"server.addresses entry {addr!r} must be host:port (e.g. "
+                    "127.0.0.1:8000)."
+                )

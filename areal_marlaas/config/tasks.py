@@ -1,0 +1,327 @@
+"""A tenant task's settings: data, reward, GRPO knobs, and the search environment."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+from areal_marlaas.errors import ConfigError
+from areal_marlaas.tasks import KINDS
+from areal_marlaas.tasks.search import SCORER_REWARD_FNS
+
+# Task names become adapter names and folder names: keep them path- and URL-safe.
+TASK_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
+SEARCH_SCORERS = ("em", "f1", "judge")
+
+
+@dataclass
+class TaskDatasetConfig:
+    """Where a task's prompts come from."""
+
+    path: str = field(
+        default="",
+        metadata={
+            "help": "jsonl/json file, folder with <split>.jsonl, or hub id. Empty for "
+            "synthetic kinds (addition, multiplication)."
+        },
+    )
+    split: str = field(default="train", metadata={"help": "Dataset split."})
+    size: int = field(
+        default=0,
+        metadata={
+            "help": "Rows to use: synthetic kinds generate this many (0 = 1024); "
+            "file datasets are cut to it (0 = all)."
+        },
+    )
+    digits: int = field(
+        default=2, metadata={"help": "Synthetic arithmetic: digits per operand."}
+    )
+
+
+@dataclass
+class SearchConfig:
+    """The search agent's environment (kind wiki_search): a local BM25 corpus,
+    the tool budget and how final answers are scored."""
+
+    corpus_path: str = field(
+        default="",
+        metadata={"help": "jsonl corpus of {id, title, text} passages to search."},
+    )
+    top_k: int = field(default=3, metadata={"help": "Passages returned per search."})
+    max_tool_calls: int = field(
+        default=5, metadata={"help": "Searches allowed per episode; more scores 0."}
+    )
+    tool_timeout_s: float = field(
+        default=10.0,
+        metadata={
+            "help": "Per-search time limit; a timed-out search returns an "
+            "error message to the model."
+        },
+    )
+    passage_chars: int = field(
+        default=300, metadata={"help": "Characters kept per returned passage."}
+    )
+    response_prefix: str = field(
+        default="<search>",
+        metadata={
+            "help": "Text the agent's reply starts with (prompt tokens, not "
+            "trained on). '<search>' makes small models that ignore the tag "
+            "format start with a search; '' leaves the first move to the model."
+        },
+    )
+    scorer: str = field(
+        default="em",
+        metadata={
+            "help": f"Final-answer scorer: one of {list(SEARCH_SCORERS)}.",
+            "choices": list(SEARCH_SCORERS),
+        },
+    )
+    judge_url: str = field(
+        default="",
+        metadata={
+            "help": "scorer=judge: OpenAI-compatible endpoint, e.g. "
+            "http://host:port/v1/chat/completions (or /v1/completions)."
+        },
+    )
+    judge_model: str = field(
+        default="", metadata={"help": "scorer=judge: the served model id."}
+    )
+    judge_timeout_s: float = field(
+        default=30.0, metadata={"help": "scorer=judge: per-request timeout."}
+    )
+    judge_retries: int = field(
+        default=2, metadata={"help": "scorer=judge: retries after a failed request."}
+    )
+
+    def check(self, where: str) -> None:
+        """Raise ``ConfigError`` naming the first bad ``search.*`` field."""
+        if self.top_k < 1:
+            raise ConfigError(f"{where}: search.top_k must be >= 1, got {self.top_k}.")
+        if self.max_tool_calls < 0:
+            raise ConfigError(f"{where}: search.max_tool_calls must be >= 0.")
+        if not self.tool_timeout_s > 0:
+            raise ConfigError(f"{where}: search.tool_timeout_s must be > 0.")
+        if self.passage_chars < 1:
+            raise ConfigError(f"{where}: search.passage_chars must be >= 1.")
+        if self.scorer not in SEARCH_SCORERS:
+            raise ConfigError(
+                f"{where}: search.scorer must be one of {list(SEARCH_SCORERS)}, "
+                f"got {self.scorer!r}."
+            )
+        if self.scorer == "judge":
+            if not self.judge_url.startswith(("http://", "https://")):
+                raise ConfigError(
+                    f"{where}: search.scorer=judge needs search.judge_url "
+                    "(http://host:port/v1/chat/completions), got "
+                    f"{self.judge_url!r}."
+                )
+            if not self.judge_model:
+                raise ConfigError(
+                    f"{where}: search.scorer=judge needs search.judge_model."
+                )
+        if not self.judge_timeout_s > 0:
+            raise ConfigError(f"{where}: search.judge_timeout_s must be > 0.")
+        if self.judge_retries < 0:
+            raise ConfigError(f"{where}: search.judge_retries must be >= 0.")
+
+
+@dataclass
+class TaskPPOConfig:
+    """Per-task overrides of AReaL's PPO settings (``actor.*``); ``None`` keeps the
+    actor's value. Every field here reaches the task's own PPO actor."""
+
+    eps_clip: float | None = field(
+        default=None, metadata={"help": "PPO ratio clip (actor.eps_clip)."}
+    )
+    eps_clip_higher: float | None = field(
+        default=None,
+        metadata={
+            "help": "Upper ratio clip, DAPO clip-higher (actor.eps_clip_higher)."
+        },
+    )
+    c_clip: float | None = field(
+        default=None, metadata={"help": "Dual-clip constant (actor.c_clip)."}
+    )
+    ppo_n_minibatches: int | None = field(
+        default=None,
+        metadata={
+            "help": "Optimizer steps per on-policy batch (actor.ppo_n_minibatches); "
+            "the task still commits one version per batch."
+        },
+    )
+    reward_scaling: float | None = field(
+        default=None, metadata={"help": "Reward scale (actor.reward_scaling)."}
+    )
+    reward_bias: float | None = field(
+        default=None, metadata={"help": "Reward bias (actor.reward_bias)."}
+    )
+    reward_clip: float | None = field(
+        default=None, metadata={"help": "Reward clip (actor.reward_clip)."}
+    )
+    mask_no_eos_with_zero: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Zero the loss of truncated samples (actor.mask_no_eos_with_zero)."
+        },
+    )
+
+    def check(self, where: str) -> None:
+        for key in ("eps_clip", "eps_clip_higher", "c_clip"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{where}: ppo.{key} must be > 0, got {value}.")
+        if self.ppo_n_minibatches is not None and self.ppo_n_minibatches < 1:
+            raise ConfigError(
+                f"{where}: ppo.ppo_n_minibatches must be >= 1, got "
+                f"{self.ppo_n_minibatches}."
+            )
+        if self.reward_clip is not None and not self.reward_clip > 0:
+            raise ConfigError(f"{where}: ppo.reward_clip must be > 0.")
+
+    def overrides(self) -> dict:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+@dataclass
+class TaskSpec:
+    """One tenant task: its own LoRA adapter, data, reward and GRPO settings."""
+
+    name: str = field(
+        default=MISSING,
+        metadata={"help": "Unique id: lowercase letters, digits, '_' (max 48)."},
+    )
+    kind: str = field(
+        default="",
+        metadata={"help": f"Built-in task kind: one of {sorted(KINDS)}."},
+    )
+    workflow: str = field(
+        default="",
+        metadata={
+            "help": "Import path of a RolloutWorkflow to use instead of the kind's "
+            "default (needs reward_fn and dataset.path when kind is empty)."
+        },
+    )
+    dataset: TaskDatasetConfig = field(default_factory=TaskDatasetConfig)
+    search: SearchConfig = field(
+        default_factory=SearchConfig,
+        metadata={"help": "Search-agent settings (kind wiki_search)."},
+    )
+    reward_fn: str = field(
+        default="",
+        metadata={
+            "help": "Import path of fn(prompt, completions, ..., **row); "
+            "empty = the kind's default."
+        },
+    )
+    ppo: TaskPPOConfig = field(
+        default_factory=TaskPPOConfig,
+        metadata={"help": "This task's overrides of actor.* PPO settings."},
+    )
+    batch_size: int = field(default=8, metadata={"help": "Prompts per step."})
+    n_samples: int = field(
+        default=4, metadata={"help": "Completions per prompt (the GRPO group)."}
+    )
+    max_new_tokens: int = field(default=64, metadata={"help": "Generation cap."})
+    max_prompt_tokens: int = field(
+        default=256,
+        metadata={
+            "help": "Longest prompt kept (longer rows are dropped); also the "
+            "prompt length in KV-cache estimates."
+        },
+    )
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
+    total_steps: int = field(default=10, metadata={"help": "Training steps to run."})
+    lr: float = field(default=1e-4, metadata={"help": "AdamW learning rate."})
+    seed: int = field(default=1, metadata={"help": "Data order and sampling seed."})
+    reward_timeout_s: float = field(
+        default=0.0,
+        metadata={"help": "Per-call reward timeout; 0 = fault.reward_timeout_s."},
+    )
+    priority: int = field(
+        default=0, metadata={"help": "Admission priority (higher goes first)."}
+    )
+    lora_rank: int | None = field(
+        default=None,
+        metadata={
+            "help": "Must equal actor.lora_rank (one shared LoRA slot); None = inherit."
+        },
+    )
+    lora_alpha: int | None = field(
+        default=None, metadata={"help": "Must equal actor.lora_alpha; None = inherit."}
+    )
+    target_modules: list[str] | None = field(
+        default=None,
+        metadata={"help": "Must equal actor.target_modules; None = inherit."},
+    )
+
+    def __post_init__(self):
+        where = f"task {self.name!r}"
+        if not isinstance(self.name, str) or not TASK_NAME.match(self.name):
+            raise ConfigError(
+                f"{where}: name must match {TASK_NAME.pattern} (lowercase letters, "
+                "digits, '_'; it becomes a folder and an adapter name)."
+            )
+        if not self.kind and not self.workflow:
+            raise ConfigError(
+                f"{where}: set kind (one of {sorted(KINDS)}) or workflow (import path)."
+            )
+        if self.kind and self.kind not in KINDS:
+            raise ConfigError(
+                f"{where}: unknown kind {self.kind!r}; choose one of {sorted(KINDS)} "
+                "or set workflow to an import path."
+            )
+        if not self.kind:
+            if not self.reward_fn:
+                raise ConfigError(f"{where}: reward_fn is required when kind is empty.")
+            if not self.dataset.path:
+                raise ConfigError(
+                    f"{where}: dataset.path is required when kind is empty."
+                )
+        elif KINDS[self.kind].needs_path and not self.dataset.path:
+            raise ConfigError(
+                f"{where}: kind {self.kind!r} needs dataset.path (a file, a folder "
+                "with <split>.jsonl, or a hub id)."
+            )
+        if self.kind and KINDS[self.kind].needs_search and not self.search.corpus_path:
+            raise ConfigError(
+                f"{where}: kind {self.kind!r} needs search.corpus_path (a jsonl of "
+                "{id, title, text} passages)."
+            )
+        self.search.check(where)
+        self.ppo.check(where)
+        positive = {
+            "batch_size": self.batch_size,
+            "max_new_tokens": self.max_new_tokens,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "total_steps": self.total_steps,
+        }
+        for key, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{where}: {key} must be >= 1, got {value}.")
+        if self.n_samples < 2:
+            raise ConfigError(
+                f"{where}: n_samples must be >= 2 (GRPO normalizes rewards within "
+                f"each prompt's group), got {self.n_samples}."
+            )
+        if not 0 < self.temperature <= 2:
+            raise ConfigError(
+                f"{where}: temperature must be in (0, 2], got {self.temperature}."
+            )
+        if not self.lr > 0:
+            raise ConfigError(f"{where}: lr must be > 0, got {self.lr}.")
+        if self.reward_timeout_s < 0:
+            raise ConfigError(f"{where}: reward_timeout_s must be >= 0.")
+        if self.dataset.size < 0:
+            raise ConfigError(f"{where}: dataset.size must be >= 0.")
+        if not 1 <= self.dataset.digits <= 9:
+            raise ConfigError(f"{where}: dataset.digits must be in [1, 9].")
+
+    @property
+    def reward_fn_path(self) -> str:
+        if self.reward_fn:
+            return self.reward_fn
+        if KINDS[self.kind].needs_search and self.search.scorer in SCORER_REWARD_FNS:
+            return SCORER_REWARD_FNS[self.search.scorer]
+        return KINDS[self.kind].reward_fn

@@ -1,0 +1,112 @@
+"""What a person sees while ``marlaas train`` runs: a quiet screen.
+
+One line per phase of start-up, one line per committed step (with that task's
+progress bar), warnings and errors, and the end table. AReaL's banners, per-step
+stats tables and INFO logs go to ``<run dir>/logs/`` instead; ``--verbose`` (or
+``verbose=true``) puts them back on the screen too.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.config
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from areal.utils import logging as areal_logging
+
+from areal_marlaas.config import MARLaaSConfig
+from areal_marlaas.metrics.fmt import fmt
+
+_CONSOLE_HANDLERS = ("plainHandler", "coloredHandler", "systemHandler")
+BAR = 10
+
+
+def quiet_logs(cfg: MARLaaSConfig, log_dir: Path | None = None) -> Path:
+    """Send AReaL's INFO logs to ``<run dir>/logs/main.log`` (and merged.log);
+    the screen keeps warnings and errors unless ``cfg.verbose``."""
+    log_dir = log_dir or cfg.run_dir / "logs"
+    if not cfg.verbose:
+        # AReaL re-applies this dict at every getLogger call, so the level sticks.
+        for name in _CONSOLE_HANDLERS:
+            areal_logging.log_config["handlers"][name]["level"] = "WARNING"
+        logging.config.dictConfig(areal_logging.log_config)
+    areal_logging.setup_file_logging(str(log_dir))
+    return log_dir
+
+
+def bar(done: int, total: int, width: int = BAR) -> str:
+    filled = round(width * done / total) if total else width
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+class Screen:
+    """Prints to stdout (not through a logger, so quiet logs never hide it)."""
+
+    def __init__(self, cfg: MARLaaSConfig, run_dir: Path, stream=None):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.stream = stream or sys.stdout
+        self.t0 = time.monotonic()
+        self.tasks: dict[str, tuple[int, int]] = {}  # name -> (done, total)
+        self.commits = 0
+        self._lock = threading.Lock()
+        self.print(
+            f"marlaas train: {len(cfg.tasks)} task(s), mode {cfg.scheduler.mode}, "
+            f"scheduler {cfg.scheduler.type or 'in-process'}; logs in "
+            f"{run_dir / 'logs'}"
+        )
+
+    def print(self, line: str) -> None:
+        with self._lock:
+            print(f"[{time.monotonic() - self.t0:7.1f}s] {line}", file=self.stream)
+            self.stream.flush()
+
+    def phase(self, what: str) -> None:
+        self.print(what)
+
+    def start(self, tasks: dict[str, tuple[int, int]], setup_s: float) -> None:
+        """``tasks``: name -> (starting version, total steps)."""
+        self.tasks = dict(tasks)
+        names = ", ".join(f"{n} ({v}/{t})" for n, (v, t) in tasks.items())
+        self.print(f"training {names}; set-up took {setup_s:.1f}s")
+
+    def step(self, r: dict[str, Any]) -> int:
+        """One committed step; returns how many were committed so far."""
+        with self._lock:
+            self.commits += 1
+            _, total = self.tasks.get(r["task"], (0, r["version"]))
+            self.tasks[r["task"]] = (r["version"], total)
+            n = self.commits
+        gap = r.get("logprob_gap_mean")
+        self.print(
+            f"{r['task']:<12} {bar(r['version'], total)} {r['version']}/{total} "
+            f"reward {r['reward_mean']:.3f}  train {r['train_s']:.1f}s  "
+            f"queue {r['queue_wait_s']:.1f}s"
+            + (f"  logprob gap {gap:.1e}" if gap is not None else "")
+        )
+        return n
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    cols = ["task", "status", "steps", "version", "reward_first", "reward_last"]
+    cols += ["ttfs_s", "tpts_p50_s"]
+    lines = ["  ".join(f"{c:>12}" for c in cols)]
+    for name, t in summary["tasks"].items():
+        vals = [name, t["status"], t["steps"], t["final_version"]]
+        vals += [t.get(k) for k in ("reward_first", "reward_last")]
+        vals += [t.get(k) for k in ("ttfs_s", "tpts_p50_s")]
+        lines.append("  ".join(f"{fmt(v, 3):>12}" for v in vals))
+    for name, t in summary["tasks"].items():
+        if t["status"] != "done" and t.get("error"):
+            lines.append(f"{name} {t['status']}: {t['error']}")
+    lines.append(
+        f"mode={summary['mode']} wall={summary['wall_s']:.1f}s "
+        f"train_steps/h={summary['train_steps_per_hour']:.1f} "
+        f"admission_holds={summary.get('admission_holds', 0)}"
+    )
+    lines.append(f"run dir: {summary['run_dir']}")
+    return "\n".join(lines)

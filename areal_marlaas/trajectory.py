@@ -1,0 +1,98 @@
+"""What a rollout hands the trainer, read the same way by every layer.
+
+A trajectory is AReaL's RLVR layout (``input_ids``, ``loss_mask``, ``logprobs``,
+``versions``, ``rewards``, ... as [n, L] tensors, or AReaL ``RTensor`` handles when
+the rollout ran on a worker) plus plain-Python extras:
+
+* ``task``: the task's name;
+* ``served_adapters``: the adapter name the server reported for each generation
+  request (the audit compares it with the version the tokens are labelled with);
+* ``env_intervals``: ``[start, end, start, end, ...]`` wall-clock seconds the
+  episode spent in its environment (tool calls), for the ``env`` phase.
+
+A failed episode comes back as ``{FAILURE: reason}`` instead of a trajectory, so
+the reason reaches the scheduler on every placement (in-process, AReaL workers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+FAILURE = "marlaas_episode_error"
+
+# The served-adapter names of the episode running in this asyncio task: the
+# engine appends one per generation request (see ``collect_served_adapters``).
+_SERVED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "marlaas_served_adapters", default=None
+)
+
+
+def failure(reason: str) -> dict[str, str]:
+    return {FAILURE: reason}
+
+
+def failure_reason(item: Any) -> str | None:
+    """The reason of a failed episode's marker, else None."""
+    if isinstance(item, dict) and FAILURE in item:
+        return str(item[FAILURE])
+    return None
+
+
+def tensor(x: Any) -> torch.Tensor:
+    """A plain tensor from a tensor or an AReaL RTensor (single-controller mode)."""
+    if torch.is_tensor(x):
+        return x
+    from areal.infra.rpc.rtensor import RTensor
+
+    return RTensor.localize(x)
+
+
+def generated_versions(traj: dict[str, Any]) -> set[int]:
+    """The adapter versions that produced a trajectory's generated tokens."""
+    mask = tensor(traj["loss_mask"]).bool()
+    return set(tensor(traj["versions"])[mask].tolist())
+
+
+def staleness(batch: list[dict[str, Any]], version: int) -> int:
+    """How many versions behind ``version`` the oldest generated token is."""
+    return max(version - min(generated_versions(t)) for t in batch)
+
+
+def rewards(batch: list[dict[str, Any]]) -> torch.Tensor:
+    return torch.cat([tensor(t["rewards"]).flatten() for t in batch])
+
+
+def served_adapters(batch: list[dict[str, Any]]) -> list[str]:
+    """Every adapter name the server reported for the batch's requests."""
+    return [n for t in batch for n in t.get("served_adapters", [])]
+
+
+def env_intervals(batch: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """The batch's environment intervals (tool calls), as (start, end) pairs."""
+    out = []
+    for t in batch:
+        flat = list(t.get("env_intervals", []))
+        out += list(zip(flat[0::2], flat[1::2]))
+    return out
+
+
+@contextlib.contextmanager
+def collect_served_adapters() -> Iterator[list[str]]:
+    """Collect the server-reported adapter names of the requests made inside."""
+    names: list[str] = []
+    token = _SERVED.set(names)
+    try:
+        yield names
+    finally:
+        _SERVED.reset(token)
+
+
+def record_served_adapter(name: str) -> None:
+    names = _SERVED.get()
+    if names is not None:
+        names.append(name)

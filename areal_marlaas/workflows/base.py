@@ -1,0 +1,51 @@
+"""How a task's settings become a workflow's constructor arguments.
+
+The workflow class declares it (``workflow_kwargs``), so a user's subclass of a
+built-in workflow keeps what the built-in gets (reward timeouts, seeding, a kind's
+environment settings). Import strings and kwargs cross AReaL's RPC boundary;
+workflow instances would not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from areal.api.cli_args import GenerationHyperparameters
+
+if TYPE_CHECKING:
+    from areal_marlaas.config import FaultToleranceConfig, TaskSpec
+
+
+def task_gconfig(task: TaskSpec) -> GenerationHyperparameters:
+    return GenerationHyperparameters(
+        n_samples=1,
+        max_new_tokens=task.max_new_tokens,
+        temperature=task.temperature,
+        lora_name=task.name,
+    )
+
+
+def base_kwargs(task: TaskSpec, tokenizer_path: str) -> dict[str, Any]:
+    """What every task workflow takes: its task, reward, sampling, tokenizer."""
+    return {
+        "task": task.name,
+        "reward_fn": task.reward_fn_path,
+        "gconfig": task_gconfig(task),
+        "tokenizer": tokenizer_path,
+    }
+
+
+class TaskWorkflow:
+    """Mixin of the plugin's workflows: they are bound to one task."""
+
+    @classmethod
+    def workflow_kwargs(
+        cls,
+        task: TaskSpec,
+        tokenizer_path: str,
+        fault: FaultToleranceConfig | None = None,
+    ) -> dict[str, Any]:
+        kwargs = base_kwargs(task, tokenizer_path)
+        if fault is not None and fault.deterministic:
+            kwargs["sampling_seed"] = task.seed
+        return kwargs

@@ -1,0 +1,148 @@
+"""The runtime's own loop: events, KV polling, failure reasons and the version
+the trainer reports. The rollout and trainer here are in-memory stand-ins: these
+tests provoke loop faults (thousands of unreadable KV probes, a trainer that
+reports the wrong version) that the real engines cannot be made to show."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from areal_marlaas.manager.data import TaskData
+from areal_marlaas.manager.store import RunStore
+from areal_marlaas.metrics.runlog import read_jsonl
+from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions, TaskRun
+from areal_marlaas.trajectory import failure
+
+
+def traj(version: int, reward: float = 1.0) -> dict:
+    return {
+        "loss_mask": torch.tensor([[0, 1, 1]]),
+        "versions": torch.tensor([[-1, version, version]]),
+        "rewards": torch.tensor([reward]),
+        "env_intervals": [10.0, 11.5],
+    }
+
+
+class Rollout:
+    def __init__(self, gate: threading.Event | None = None, fail: str = ""):
+        self.gate = gate
+        self.fail = fail
+        self.version: dict[str, int] = {}
+
+    def publish(self, task, version, path):
+        self.version[task] = version
+
+    def rollout_task(self, rows, workflow, kwargs=None, group_size=1, timeout=None):
+        if self.gate is not None:
+            assert self.gate.wait(60), "the probe was never polled enough"
+        if self.fail:
+            return [failure(self.fail) for _ in rows]
+        return [traj(self.version.get(workflow, 0)) for _ in rows]
+
+
+class Trainer:
+    def __init__(self, skew: int = 0):
+        self.version: dict[str, int] = {}
+        self.skew = skew
+
+    def train_task(self, task, batch):
+        self.version[task] = self.version.get(task, 0) + 1
+        return {"version": self.version[task] + self.skew, "stats": {}}
+
+    def save_adapter(self, task, path):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "adapter_model.safetensors").write_bytes(b"x")
+
+    def save_task_state(self, task, path):
+        pass
+
+    def release_batch(self, batch):
+        pass
+
+
+def task(name: str, steps: int = 1) -> TaskRun:
+    rows = [{"messages": [{"role": "user", "content": str(i)}]} for i in range(4)]
+    # The stand-in rollout reads the task name from the workflow argument.
+    return TaskRun(name, steps, 2, 2, TaskData(rows, 0), name, {})
+
+
+def store(tmp_path) -> RunStore:
+    s = RunStore(tmp_path / "run")
+    for name in ("a", "b"):
+        Trainer().save_adapter(name, s.adapter_dir(name, 0))
+        s.commit(name, 0, {"cursor": 0, "steps": 0})
+    return s
+
+
+def test_dispatcher_survives_5000_unreadable_kv_probes(tmp_path):
+    polls = 0
+    enough = threading.Event()
+
+    def unreadable():
+        nonlocal polls
+        polls += 1
+        if polls >= 5000:
+            enough.set()
+        return None
+
+    options = RuntimeOptions(kv_probe=unreadable, kv_poll_interval_s=1e-6)
+    runtime = Runtime([task("a")], Rollout(gate=enough), Trainer(), store(tmp_path))
+    runtime.options = options
+
+    summary = runtime.run()
+
+    assert polls >= 5000
+    assert summary["tasks"]["a"]["status"] == "done"
+
+
+def test_failure_reason_of_every_episode_reaches_the_summary(tmp_path):
+    rollout = Rollout(fail="RewardError: task 'a': reward_fn raised ValueError: x")
+    runtime = Runtime([task("a")], rollout, Trainer(), store(tmp_path))
+
+    summary = runtime.run()
+
+    err = summary["tasks"]["a"]["error"]
+    assert summary["tasks"]["a"]["status"] == "failed"
+    assert "all 2 rollouts of v0 failed" in err
+    assert "reward_fn raised ValueError: x" in err
+
+
+def test_the_trainers_version_is_the_one_committed(tmp_path):
+    s = store(tmp_path)
+    Runtime([task("a", steps=2)], Rollout(), Trainer(), s).run()
+
+    assert s.committed("a")["version"] == 2
+    assert [r["version"] for r in read_jsonl(s.steps_path)] == [1, 2]
+    # The stand-in's trajectories carry a tool interval: an env phase per step.
+    env = [e for e in read_jsonl(s.events_path) if e.get("phase") == "env"]
+    assert [(e["start"], e["end"]) for e in env] == [(10.0, 11.5)] * 2 * 2
+
+
+def test_a_trainer_that_commits_another_version_fails_the_task(tmp_path):
+    s = store(tmp_path)
+    summary = Runtime([task("a")], Rollout(), Trainer(skew=1), s).run()
+
+    assert summary["tasks"]["a"]["status"] == "failed"
+    assert "committed v2 for a batch of v0" in summary["tasks"]["a"]["error"]
+    assert s.committed("a")["version"] == 0
+
+
+@pytest.mark.parametrize("mode", ["async", "sync", "sequential"])
+def test_every_mode_runs_two_tasks_to_the_end(tmp_path, mode):
+    s = store(tmp_path)
+    runtime = Runtime(
+        [task("a", 2), task("b", 2)],
+        Rollout(),
+        Trainer(),
+        s,
+        RuntimeOptions(mode=mode),
+    )
+
+    summary = runtime.run()
+
+    assert {t["status"] for t in summary["tasks"].values()} == {"done"}
+    assert s.committed("a")["version"] == s.committed("b")["version"] == 2
