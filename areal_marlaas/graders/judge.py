@@ -59,7 +59,9 @@ def parse_score(reply: str, lo: float, hi: float) -> float:
             'judge reply is neither a number nor {"score": <number>}: '
             f"{reply[:200]!r}"
         )
-    if not math.isfinite(value) or not lo <= value <= hi:
+    if not math.isfinite(value):
+        raise ReplyError(f"judge score {value} is not a finite number")
+    if not lo <= value <= hi:
         raise ReplyError(f"judge score {value:g} is outside range [{lo:g}, {hi:g}]")
     return value
 
