@@ -164,8 +164,12 @@ def test_bleu_single_reference_by_hand():
 
 
 def test_bleu_is_smoothed_for_short_answers():
-    # No 3- or 4-gram exists in a 2-token answer: unsmoothed BLEU would be 0.
-    assert grade(ts("bleu"), "the cat", {"ref": "the cat sat"}).reward > 0
+    # A 2-token answer has no 3- or 4-grams; smoothing method1 counts those
+    # precisions as 0.1 (epsilon over a denominator of 1) instead of 0; unigram
+    # and bigram precision are 1; brevity penalty exp(1 - 3/2).
+    want = math.exp(1 - 3 / 2) * (1 * 1 * 0.1 * 0.1) ** 0.25
+    got = grade(ts("bleu"), "the cat", {"ref": "the cat sat"}).reward
+    assert got == pytest.approx(want)
 
 
 def test_gleu_nltk_documented_values():
@@ -186,6 +190,15 @@ def test_meteor_nltk_documented_value():
     assert round(grade(ts("meteor"), HYP1, {"ref": REF1}).reward, 4) == 0.6944
     got = grade(ts("meteor"), "non matching hypothesis", {"ref": "this is a cat"})
     assert got.reward == 0.0
+
+
+def test_meteor_matches_wordnet_synonyms():
+    # car/auto share WordNet 3.0's synset car.n.01 (and Porter leaves both
+    # unchanged), so all 3 words align in one chunk: P = R = Fmean = 1 and the
+    # penalty is gamma * (chunks / matches) ^ beta = 0.5 * (1/3)^3 (nltk's
+    # defaults). Without synonyms it would be 2 matches in 2 chunks: 1/3.
+    got = grade(ts("meteor"), "a red car", {"ref": "a red auto"})
+    assert got.reward == pytest.approx(1 - 0.5 * (1 / 3) ** 3)
 
 
 @pytest.mark.parametrize(

@@ -109,14 +109,37 @@ def test_no_network(tcp_server):
     assert_unaffected()
 
 
-def test_infinite_loop_is_killed():
-    res = run("def grade(sample, item):\n    while True:\n        pass\n")
+@pytest.mark.timeout(90)  # a plain subprocess would loop until this fires
+def test_infinite_loop_is_killed_at_the_cpu_limit():
+    # A generous wall limit, so it is RLIMIT_CPU (1 s) that ends the loop.
+    ctx = GradingContext(sandbox=SandboxLimits(wall_s=40.0, cpu_s=1.0))
+    start = time.monotonic()
+    res = run("def grade(sample, item):\n    while True:\n        pass\n", ctx=ctx)
+    assert time.monotonic() - start < 35
     assert res.reward == 0.0
     assert res.errors["unresponsive_reward_error"] is True
-    assert "CPU time limit" in res.reason or "wall time limit" in res.reason
+    assert "CPU time limit exceeded (1 s per sample)" in res.reason
     assert_unaffected()
 
 
+def test_cpu_limit_is_per_sample_not_per_batch():
+    # Each sample burns about 0.6 s of CPU under a 1 s limit: together they
+    # exceed it, but re-armed per sample none is killed.
+    src = (
+        "import time\n"
+        "def grade(sample, item):\n"
+        "    end = time.process_time() + 0.6\n"
+        "    while time.process_time() < end:\n"
+        "        pass\n"
+        "    return 1.0\n"
+    )
+    limits = SandboxLimits(wall_s=30.0, cpu_s=1.0)
+    batch = run_python_batch(src, [({"output_text": ""}, {})] * 4, limits)
+    assert [s.score for s in batch.samples] == [1.0] * 4
+    assert batch.sandboxes == 1
+
+
+@pytest.mark.timeout(60)
 def test_sleeping_grader_hits_the_wall_time_limit():
     ctx = GradingContext(sandbox=SandboxLimits(wall_s=1.0, cpu_s=5.0))
     start = time.monotonic()

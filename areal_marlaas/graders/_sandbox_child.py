@@ -8,14 +8,14 @@ job from stdin, then:
   and forks;
 * P1 (PID 1 of the new PID namespace) mounts a tmpfs root holding read-only bind
   mounts of /usr, the interpreter's prefix and a few /dev nodes, pivots into it
-  and detaches the old root, sets resource limits, drops to an unprivileged uid
-  (as root) or drops its capabilities (in a user namespace), then runs the
-  tenant's source and ``grade(sample, item)`` for each pair;
-* P0 waits for P1 and reports how it ended.
+  and detaches the old root, then forks P2 and reports how P2 ended;
+* P2 sets resource limits, drops to an unprivileged uid (as root) or drops its
+  capabilities (in a user namespace), then runs the tenant's source and
+  ``grade(sample, item)`` for each pair.
 
 Results go to fd 3 as JSON lines: ``{"ready": ...}`` or ``{"load_error": ...}``,
 then ``{"i": k, "score": x}`` / ``{"i": k, "error": tb}`` / ``{"i": k, "bad": r}``
-per pair, then P0's ``{"exit": ...}``; ``{"setup_error": ...}`` if isolation
+per pair, then P1's ``{"exit": ...}`` about P2; ``{"setup_error": ...}`` if isolation
 could not be set up (the parent then refuses to grade: fail closed).
 """
 
@@ -210,10 +210,37 @@ def run_tenant(job):
             send({"i": i, "bad": repr(value)[:200], "t": took})
 
 
+def exit_info(status, ru):
+    return {
+        "code": os.waitstatus_to_exitcode(status),
+        "cpu_s": ru.ru_utime + ru.ru_stime,
+        "maxrss_kb": ru.ru_maxrss,
+    }
+
+
 def p1(job, as_root):
-    cfg = job["config"]
+    """PID 1 of the namespace: builds the root, then runs the tenant in a child
+    (the kernel drops default-action signals such as SIGXCPU sent to a PID
+    namespace's init, so the tenant must not be PID 1)."""
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
-    how = build_root(cfg)
+    cfg = job["config"]
+    cfg["root"] = build_root(cfg)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            p2(job, as_root)
+        except BaseException as e:  # noqa: BLE001 - any setup failure fails closed
+            try:
+                send({"setup_error": f"sandbox setup failed: {e!r}"})
+            finally:
+                os._exit(4)
+        os._exit(0)
+    _, status, ru = os.wait4(pid, 0)
+    send({"exit": exit_info(status, ru)})
+
+
+def p2(job, as_root):
+    cfg = job["config"]
     devnull = os.open("/dev/null", os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -230,7 +257,6 @@ def p1(job, as_root):
     # Changing credentials cleared the parent-death signal: set it again.
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
     os.chdir("/")
-    job["config"]["root"] = how
     run_tenant(job)
 
 
@@ -274,15 +300,9 @@ def main():
                 os._exit(4)
         os._exit(0)
     _, status, ru = os.wait4(pid, 0)
-    send(
-        {
-            "exit": {
-                "code": os.waitstatus_to_exitcode(status),
-                "cpu_s": ru.ru_utime + ru.ru_stime,
-                "maxrss_kb": ru.ru_maxrss,
-            }
-        }
-    )
+    if status != 0:
+        # P1 reports how the tenant process ended; this covers P1 itself dying.
+        send({"exit": exit_info(status, ru)})
     os._exit(0)
 
 

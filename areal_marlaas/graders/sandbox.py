@@ -211,7 +211,8 @@ class _Run:
         elif "ready" in msg:
             self.ready = True
         elif "exit" in msg and isinstance(msg["exit"], dict):
-            self.exit_info = msg["exit"]
+            # The first report is about the process that ran the tenant.
+            self.exit_info = self.exit_info or msg["exit"]
         elif isinstance(msg.get("i"), int) and 0 <= msg["i"] < len(self.pairs):
             self.done[msg["i"]] = _outcome(msg)
 
