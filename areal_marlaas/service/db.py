@@ -19,6 +19,8 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 # Execution option that makes a SQLite transaction BEGIN IMMEDIATE.
 WRITE = "marlaas_write"
+# PostgreSQL advisory lock key held while migrating (any fixed 64-bit number).
+MIGRATION_LOCK = 0x6D61726C616173
 
 
 def make_engine(url: str) -> Engine:
@@ -67,7 +69,11 @@ def upgrade_to_head(url_or_engine: str | Engine) -> None:
     engine = (
         make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
     )
-    with engine.begin() as conn:
+    # Two processes starting at once (API, scheduler) migrate one after the other:
+    # SQLite by its write lock, PostgreSQL by a transaction-scoped advisory lock.
+    with engine.execution_options(**{WRITE: True}).begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
         command.upgrade(alembic_config(conn), "head")
     if isinstance(url_or_engine, str):
         engine.dispose()

@@ -78,7 +78,6 @@ class VLLMModelRouter:
         self.base_model_path = base_model_path
         self.capacity = capacity
         self.timeout = timeout
-        self._http = requests.Session()
         self._lock = threading.Lock()
         # serve name -> in-flight count, least recently used first.
         self._loaded: OrderedDict[str, _Loaded] = OrderedDict()
@@ -147,7 +146,7 @@ class VLLMModelRouter:
                     if name in self._loaded:
                         continue  # asked for again and reloaded meanwhile
                 try:
-                    resp = self._http.post(
+                    resp = requests.post(
                         f"{self.server}/v1/unload_lora_adapter",
                         json={"lora_name": name},
                         timeout=self.timeout,
@@ -166,7 +165,7 @@ class VLLMModelRouter:
         if not (path / "adapter_config.json").is_file():
             raise UpstreamError(f"checkpoint adapter {path} is missing")
         try:
-            resp = self._http.post(
+            resp = requests.post(
                 f"{self.server}/v1/load_lora_adapter",
                 json={"lora_name": name, "lora_path": str(path)},
                 timeout=self.timeout,

@@ -348,7 +348,9 @@ class JobStore:
         """Store a validated upload: the body under ``files/<tenant>/<id>.jsonl``
         (never a path built from the uploaded name), then its row."""
         file_id = new_id("file")
-        rel = Path("files") / tenant_id / f"{file_id}.jsonl"
+        # Uploads are JSONL; results (archives, CSVs) keep no misleading suffix.
+        suffix = ".jsonl" if purpose == "fine-tune" else ""
+        rel = Path("files") / tenant_id / f"{file_id}{suffix}"
         path = self.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".partial")
@@ -643,6 +645,7 @@ class JobStore:
         if action not in ("cancel", "pause", "resume"):
             raise ValueError(f"unknown action {action!r}")
         with self._write() as s:
+            self._lock_tenant(s, tenant_id)  # one check-then-insert at a time
             job = s.scalar(
                 select(Job).where(Job.id == job_id, Job.tenant_id == tenant_id)
             )
