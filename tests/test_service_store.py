@@ -3,14 +3,23 @@ and the scheduler-side writer functions the integrator calls."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import pwd
+import secrets
+import shutil
+import socket
 import sqlite3
+import subprocess
+import tempfile
 import threading
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, select
 from sqlalchemy.exc import IntegrityError
 
 from areal_marlaas.service.db import (
@@ -19,7 +28,7 @@ from areal_marlaas.service.db import (
     make_engine,
     upgrade_to_head,
 )
-from areal_marlaas.service.models import Base, Event
+from areal_marlaas.service.models import ApiKey, Base, Event
 from areal_marlaas.service.store import (
     InvalidAction,
     InvalidTransition,
@@ -47,9 +56,76 @@ def head_revision() -> str:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
+@pytest.fixture(scope="module")
+def postgres():
+    """A throwaway PostgreSQL server (the local binaries, run as the postgres
+    user over a unix socket); skipped where there is none."""
+    if os.geteuid() != 0 or not (shutil.which("initdb") and shutil.which("runuser")):
+        pytest.skip("needs root, initdb and runuser to start a PostgreSQL server")
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        pytest.skip("no postgres user")
+    # Not under tmp_path: pytest's folders are 0700 root, closed to postgres.
+    d = Path(tempfile.mkdtemp(prefix="marlaas-pg-"))
+    shutil.chown(d, "postgres")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    pg = ["runuser", "-u", "postgres", "--"]
+    subprocess.run(
+        [*pg, "initdb", "-D", str(d / "data"), "-A", "trust", "-U", "postgres"],
+        check=True,
+        capture_output=True,
+    )
+    opts = f"-p {port} -k {d} -c listen_addresses='' -c fsync=off"
+    subprocess.run(
+        [
+            *pg,
+            "pg_ctl",
+            "-D",
+            str(d / "data"),
+            "-o",
+            opts,
+            "-l",
+            str(d / "log"),
+            "-w",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    yield str(d), port
+    subprocess.run(
+        [*pg, "pg_ctl", "-D", str(d / "data"), "-m", "immediate", "stop"],
+        capture_output=True,
+    )
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def fresh_database(postgres: tuple[str, int]) -> str:
+    """A new empty database on the test server, as a SQLAlchemy URL."""
+    import psycopg
+
+    host, port = postgres
+    name = f"t_{secrets.token_hex(6)}"
+    with psycopg.connect(
+        host=host, port=port, user="postgres", dbname="postgres", autocommit=True
+    ) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    return f"postgresql+psycopg://postgres@/{name}?host={host}&port={port}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'service.db'}"
+    return fresh_database(request.getfixturevalue("postgres"))
+
+
 @pytest.fixture
-def store(tmp_path):
-    st = JobStore(f"sqlite:///{tmp_path / 'service.db'}", tmp_path)
+def store(db_url, tmp_path):
+    st = JobStore(db_url, tmp_path)
     yield st
     st.close()
 
@@ -91,17 +167,19 @@ def test_migrations_build_the_schema_on_an_empty_sqlite_file(tmp_path):
     engine.dispose()
 
 
-def test_models_and_migrations_do_not_drift(tmp_path):
-    engine = make_engine(f"sqlite:///{tmp_path / 'd.db'}")
+def test_models_and_migrations_do_not_drift(db_url):
+    engine = make_engine(db_url)
     upgrade_to_head(engine)
     with engine.connect() as conn:
+        assert set(inspect(conn).get_table_names()) == TABLES
         ctx = MigrationContext.configure(conn, opts={"compare_type": True})
         diff = compare_metadata(ctx, Base.metadata)
     assert diff == [], diff
     engine.dispose()
 
 
-def test_sqlite_runs_in_wal_mode_with_foreign_keys(store, tmp_path):
+def test_sqlite_runs_in_wal_mode_with_foreign_keys(tmp_path):
+    store = JobStore(f"sqlite:///{tmp_path / 'service.db'}", tmp_path)
     with store.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
@@ -118,18 +196,21 @@ def test_sqlite_runs_in_wal_mode_with_foreign_keys(store, tmp_path):
     raw = sqlite3.connect(tmp_path / "service.db")
     assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)  # persistent
     raw.close()
+    store.close()
 
 
 # -- tenants and keys ----------------------------------------------------------------
 
 
-def test_keys_are_stored_hashed_and_can_be_revoked(store, tmp_path):
+def test_keys_are_stored_hashed_and_can_be_revoked(store):
     tenant, key = store.create_tenant("acme")
     assert key.startswith("sk-marlaas-") and len(key) > 50
     assert store.authenticate(key).id == tenant.id
     assert store.authenticate(key + "x") is None and store.authenticate("") is None
-    raw = (tmp_path / "service.db").read_bytes()
-    assert key.encode() not in raw  # only the sha256 is stored
+    with store._read() as s:
+        (row,) = s.scalars(select(ApiKey)).all()
+    assert row.key_hash == hashlib.sha256(key.encode()).hexdigest()
+    assert key not in repr([row.key_hash, row.prefix])  # only the hash is stored
     second = store.issue_key("acme")
     assert store.revoke("acme", second[:15]) == 1
     assert store.authenticate(second) is None and store.authenticate(key) is not None
