@@ -152,6 +152,40 @@ def test_oversized_upload_is_413_and_stores_nothing(svc):
     assert list(client.files.list()) == []
 
 
+def test_chunked_upload_over_the_limit_is_413(svc):
+    """No Content-Length: the body is counted while the route reads it."""
+    tenant_id, key, client = svc.tenant()
+    big = jsonl([{"messages": [{"role": "user", "content": "x" * 1000}]}] * 200)
+    boundary = "marlaasboundary"
+    body = (
+        (
+            f"--{boundary}\r\nContent-Disposition: form-data; "
+            'name="purpose"\r\n\r\nfine-tune\r\n'
+            f"--{boundary}\r\nContent-Disposition: form-data; "
+            'name="file"; filename="big.jsonl"\r\n\r\n'
+        ).encode()
+        + big
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+
+    def chunks():
+        for i in range(0, len(body), 16384):
+            yield body[i : i + 16384]
+
+    r = httpx.post(
+        f"{svc.api.base_url}/files",
+        content=chunks(),
+        headers={
+            "Authorization": f"Bearer {key}",
+            "Content-Type": f"multipart/form-data; boundary={boundary}",
+        },
+    )
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["code"] == "request_too_large"
+    assert list(client.files.list()) == []
+    assert not (svc.store.root / "files" / tenant_id).exists()
+
+
 def test_path_like_filename_never_becomes_a_path(svc):
     tenant_id, _, client = svc.tenant()
     f = client.files.create(
@@ -272,6 +306,26 @@ def test_idempotency_key_returns_the_same_job(svc):
     g = upload(other)
     assert create_job(other, g.id, extra_headers=key).id != a.id
     assert len(list(client.fine_tuning.jobs.list())) == 1
+
+
+def test_sdk_retry_without_key_returns_the_job_its_first_attempt_made(svc):
+    """The SDK resends a create after a timeout with x-stainless-retry-count >= 1
+    and no Idempotency-Key; the first attempt may have created the job."""
+    _, key, client = svc.tenant()
+    f = upload(client)
+    body = {"model": BASE, "training_file": f.id, "method": METHOD}
+    url, auth = (
+        f"{svc.api.base_url}/fine_tuning/jobs",
+        {"Authorization": f"Bearer {key}"},
+    )
+    first = httpx.post(url, json=body, headers={**auth, "x-stainless-retry-count": "0"})
+    retry = httpx.post(url, json=body, headers={**auth, "x-stainless-retry-count": "1"})
+    assert first.status_code == retry.status_code == 200
+    assert retry.json()["id"] == first.json()["id"]
+    # A deliberate second identical job (a first attempt) is a new job.
+    again = httpx.post(url, json=body, headers={**auth, "x-stainless-retry-count": "0"})
+    assert again.json()["id"] != first.json()["id"]
+    assert len(list(client.fine_tuning.jobs.list())) == 2
 
 
 def actions(svc, job_id: str) -> list[tuple[str, bool]]:

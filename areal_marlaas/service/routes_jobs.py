@@ -4,6 +4,7 @@ resume requests, events and checkpoints."""
 from __future__ import annotations
 
 import re
+import time
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -29,6 +30,8 @@ from areal_marlaas.service.validation import (
 LIST_MAX = 100
 METADATA_QUERY = re.compile(r"^metadata\[(.+)\]$")
 IDEMPOTENCY_KEY_MAX = 255
+# The SDK's default timeout (600 s) plus its retry backoff, with margin.
+RETRY_WINDOW_S = 900.0
 
 
 def _job_json(store: JobStore, job: Job) -> dict:
@@ -50,8 +53,19 @@ def jobs_router() -> APIRouter:
                 "Idempotency-Key",
             )
         req = parse_job_request(body, st.cfg, st.grader_validator)
+        retry = request.headers.get("x-stainless-retry-count", "0") not in ("", "0")
 
         def create() -> dict:
+            if key is None and retry:
+                # The official SDK retries a create (timeouts, 5xx) without an
+                # Idempotency-Key; a retry whose first attempt did create the job
+                # gets that job instead of a duplicate.
+                since = time.time() - RETRY_WINDOW_S
+                earlier = st.store.recent_duplicate(
+                    tenant.id, req.request_sha256, since
+                )
+                if earlier is not None:
+                    return _job_json(st.store, earlier)
             train = _fine_tune_file(
                 st.store, tenant.id, req.training_file, "training_file"
             )

@@ -583,6 +583,23 @@ class JobStore:
             )
         return job
 
+    def recent_duplicate(
+        self, tenant_id: str, request_sha256: str, since: float
+    ) -> Job | None:
+        """The tenant's newest job created from the same request body since
+        ``since``: what an SDK retry of a create whose reply was lost should get."""
+        with self._read() as s:
+            return s.scalar(
+                select(Job)
+                .where(
+                    Job.tenant_id == tenant_id,
+                    Job.request_sha256 == request_sha256,
+                    Job.created_at >= since,
+                )
+                .order_by(Job.seq.desc())
+                .limit(1)
+            )
+
     def get_job(self, tenant_id: str, job_id: str) -> Job:
         with self._read() as s:
             job = s.scalar(
