@@ -299,3 +299,22 @@ def test_unreachable_upstream_is_502(svc, tmp_path):
         json={"model": BASE, "messages": [{"role": "user", "content": "x"}]},
     )
     assert r.status_code == 502 and r.json()["error"]["type"] == "server_error"
+
+
+def test_adapters_are_loaded_again_after_a_server_restart(svc, fake_vllm):
+    _, _, client = svc.tenant()
+    ft, (c1,) = checkpoints(svc, client, 1)
+
+    def ask():
+        r = client.chat.completions.create(
+            model=ft, messages=[{"role": "user", "content": "x"}]
+        )
+        return r.choices[0].message.content
+
+    assert ask() == f"served by serve-{c1.id}"
+    fake_vllm.loaded.clear()  # the supervisor restarted the server
+    assert ask() == f"served by serve-{c1.id}"
+    assert [e for e in fake_vllm.log if e[0] == "load"] == [
+        ("load", f"serve-{c1.id}")
+    ] * 2
+    assert svc.router.loaded() == [f"serve-{c1.id}"]

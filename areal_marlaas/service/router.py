@@ -49,6 +49,9 @@ class ModelRouter(Protocol):
         """The request that resolved ``route`` is done (its stream included)."""
         ...
 
+    # Optional: ``forget(route) -> bool``, called when the upstream answers 404 for
+    # a resolved route; True makes the proxy resolve and send once more.
+
 
 class _Loaded:
     __slots__ = ("inflight",)
@@ -125,6 +128,12 @@ class VLLMModelRouter:
                 entry.inflight -= 1
             victims = self._pick_victims()
         self._unload(victims)
+
+    def forget(self, route: Route) -> bool:
+        """The server answered 404 for ``route`` (restarted, adapters gone): drop
+        it so the next resolve loads it again. True if it was an adapter of ours."""
+        with self._lock:
+            return self._loaded.pop(route.model, None) is not None
 
     def _pick_victims(self) -> list[str]:
         """Under ``_lock``: drop idle adapters, oldest first, down to capacity."""

@@ -87,32 +87,34 @@ async def _proxy(request: Request, tenant: Tenant, endpoint: str):
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("model is required.", "model")
-    try:
-        route = await run_in_threadpool(st.router.resolve, tenant.id, model)
-    except ModelNotFound as e:
-        raise _no_model(model) from e
-    except UpstreamError as e:
-        logger.error(f"resolve {model}: {e}")
-        raise APIError(
-            502, "The model server could not load this model.", type="server_error"
-        ) from e
-    release = _Release(st, route)
     client: httpx.AsyncClient = request.app.state.http
-    try:
-        upstream = await client.send(
-            client.build_request(
-                "POST",
-                f"{route.base_url}/{endpoint}",
-                json={**body, "model": route.model},
-            ),
-            stream=True,
-        )
-    except httpx.HTTPError as e:
-        await release()
-        logger.error(f"upstream {route.base_url}: {e!r}")
-        raise APIError(
-            502, "The model server is unreachable.", type="server_error"
-        ) from e
+    for attempt in (1, 2):
+        route = await _resolve(st, tenant, model)
+        release = _Release(st, route)
+        try:
+            upstream = await client.send(
+                client.build_request(
+                    "POST",
+                    f"{route.base_url}/{endpoint}",
+                    json={**body, "model": route.model},
+                ),
+                stream=True,
+            )
+        except httpx.HTTPError as e:
+            await release()
+            logger.error(f"upstream {route.base_url}: {e!r}")
+            raise APIError(
+                502, "The model server is unreachable.", type="server_error"
+            ) from e
+        # A restarted server has forgotten the adapters loaded for chat: drop the
+        # stale entry and load it again, once.
+        forget = getattr(st.router, "forget", None)
+        if upstream.status_code == 404 and attempt == 1 and forget is not None:
+            if await run_in_threadpool(forget, route):
+                await upstream.aclose()
+                await release()
+                continue
+        break
     if body.get("stream") is not True or upstream.status_code != 200:
         try:
             raw = await upstream.aread()
@@ -136,6 +138,18 @@ async def _proxy(request: Request, tenant: Tenant, endpoint: str):
         media_type="text/event-stream",
         headers={"cache-control": "no-cache"},
     )
+
+
+async def _resolve(st: AppState, tenant: Tenant, model: str) -> Route:
+    try:
+        return await run_in_threadpool(st.router.resolve, tenant.id, model)
+    except ModelNotFound as e:
+        raise _no_model(model) from e
+    except UpstreamError as e:
+        logger.error(f"resolve {model}: {e}")
+        raise APIError(
+            502, "The model server could not load this model.", type="server_error"
+        ) from e
 
 
 class _Release:
