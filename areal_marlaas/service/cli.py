@@ -1,0 +1,120 @@
+"""``marlaas service`` operator commands (wired in by the main CLI):
+
+    marlaas service tenant add NAME     [--config X.yaml] [service.k=v ...]
+    marlaas service tenant key NAME     (another key for NAME: rotation)
+    marlaas service tenant list
+    marlaas service tenant revoke NAME [--key PREFIX]
+    marlaas service admin-key
+    marlaas service status
+
+API keys are printed once; only their sha256 is stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from areal_marlaas.errors import ConfigError
+from areal_marlaas.service.config import ServiceConfig, load_service_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a subcommand's default must not erase a --config given before it.
+    common.add_argument(
+        "--config", default=argparse.SUPPRESS, help="Main YAML (its service:)"
+    )
+    p = argparse.ArgumentParser(
+        prog="marlaas service", description=__doc__.split("\n\n")[0], parents=[common]
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    tenant = sub.add_parser("tenant", help="Manage tenants and their API keys")
+    tsub = tenant.add_subparsers(dest="tenant_command", required=True)
+    for name, text in (
+        ("add", "Create a tenant; prints its API key once"),
+        ("key", "Issue another API key for a tenant (rotation)"),
+    ):
+        t = tsub.add_parser(name, help=text, parents=[common])
+        t.add_argument("name")
+    tsub.add_parser(
+        "list", help="Tenants and their active key prefixes", parents=[common]
+    )
+    t = tsub.add_parser(
+        "revoke",
+        help="Revoke a tenant's keys (all: also disables it)",
+        parents=[common],
+    )
+    t.add_argument("name")
+    t.add_argument("--key", default=None, help="Only keys with this display prefix")
+    sub.add_parser(
+        "admin-key", help="Print a new admin key (replaces the old)", parents=[common]
+    )
+    sub.add_parser("status", help="Jobs per tenant with progress", parents=[common])
+    return p
+
+
+def _store(cfg: ServiceConfig):
+    from areal_marlaas.service.store import JobStore
+
+    return JobStore.from_config(cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, rest = _parser().parse_known_args(argv)
+    try:
+        cfg = load_service_config(getattr(args, "config", None), rest)
+    except ConfigError as e:
+        print(f"marlaas service: error: {e}", file=sys.stderr)
+        return 2
+    if args.command == "admin-key":
+        from areal_marlaas.service.auth import new_admin_key
+
+        key = new_admin_key(cfg.admin_key_path)
+        print(key)
+        print(
+            f"Admin key hash written to {cfg.admin_key_path}; the key is shown only "
+            "now.",
+            file=sys.stderr,
+        )
+        return 0
+    from areal_marlaas.service.store import Conflict, NotFound
+
+    store = _store(cfg)
+    try:
+        if args.command == "status":
+            from areal_marlaas.service.status import format_status
+
+            print(format_status(store))
+            return 0
+        return _tenant(store, args)
+    except (Conflict, NotFound, ValueError) as e:
+        print(f"marlaas service: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+
+
+def _tenant(store, args: argparse.Namespace) -> int:
+    cmd = args.tenant_command
+    if cmd == "add":
+        tenant, key = store.create_tenant(args.name)
+        print(key)
+        print(
+            f"Tenant {tenant.name} ({tenant.id}) created; the key is shown only now.",
+            file=sys.stderr,
+        )
+    elif cmd == "key":
+        print(store.issue_key(args.name))
+    elif cmd == "list":
+        for t in store.list_tenants():
+            state = "disabled" if t.disabled else "active"
+            keys = ", ".join(t.active_keys) or "no active keys"
+            print(f"{t.name}\t{t.id}\t{state}\t{keys}")
+    elif cmd == "revoke":
+        n = store.revoke(args.name, args.key)
+        print(f"{n} key(s) of {args.name} revoked", file=sys.stderr)
+        if n == 0 and args.key:
+            return 1
+    return 0

@@ -1,0 +1,252 @@
+"""The job service's settings: where it keeps its state, what it serves, and the
+limits and defaults it applies to tenants' jobs.
+
+Read from the ``service:`` section of the main YAML (``service.port=9000``-style
+overrides); the integrator moves this dataclass into the project config later.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from areal_marlaas.errors import ConfigError
+from areal_marlaas.paths import DEFAULT_MODEL_NAME, cache_dir
+
+# Built-in task kinds a `{"type": "marlaas", "kind": ...}` grader may name
+# (areal_marlaas.tasks.KINDS; not imported: it pulls the dataset loaders).
+DEFAULT_GRADER_KINDS = ["addition", "multiplication", "gsm8k", "amc", "math"]
+
+
+@dataclass
+class ServiceConfig:
+    """The HTTP API and job store of ``marlaas service``."""
+
+    host: str = field(default="127.0.0.1", metadata={"help": "Address the API binds."})
+    port: int = field(
+        default=8000, metadata={"help": "API port; 0 = any free port (tests)."}
+    )
+    root: str = field(
+        default="",
+        metadata={
+            "help": "Service folder: the SQLite DB, uploaded file bodies "
+            "(files/<tenant>/), adapters, the admin key hash. Empty = "
+            "$MARLAAS_CACHE/service."
+        },
+    )
+    db_url: str = field(
+        default="",
+        metadata={
+            "help": "SQLAlchemy URL of the job store, e.g. "
+            "postgresql+psycopg://user:pw@host/db. Empty = sqlite:///<root>/service.db."
+        },
+    )
+    base_model: str = field(
+        default=DEFAULT_MODEL_NAME,
+        metadata={
+            "help": "Public name of the served base model: the only `model` a job "
+            "may fine-tune, and a chat model every tenant may use."
+        },
+    )
+    base_learning_rate: float = field(
+        default=1e-4,
+        metadata={"help": "AdamW lr that learning_rate_multiplier scales."},
+    )
+    max_running_jobs: int = field(
+        default=2,
+        metadata={
+            "help": "Per tenant: jobs the scheduler runs at once; more wait in "
+            "`queued` (a full pool never fails a job)."
+        },
+    )
+    max_queued_jobs: int = field(
+        default=8,
+        metadata={
+            "help": "Per tenant: jobs waiting (validating_files, queued, paused); "
+            "a create beyond it gets 429."
+        },
+    )
+    max_file_bytes: int = field(
+        default=64 * 1024 * 1024,
+        metadata={"help": "Largest upload; a bigger one gets 413."},
+    )
+    max_files: int = field(
+        default=100,
+        metadata={"help": "Per tenant: stored (not deleted) files; more gets 429."},
+    )
+    max_request_bytes: int = field(
+        default=4 * 1024 * 1024,
+        metadata={"help": "Largest JSON body (jobs, chat); a bigger one gets 413."},
+    )
+    default_batch_size: int = field(
+        default=8, metadata={"help": "batch_size 'auto': prompts per GRPO step."}
+    )
+    default_n_epochs: int = field(
+        default=1, metadata={"help": "n_epochs 'auto': passes over the train file."}
+    )
+    default_compute_multiplier: float = field(
+        default=1.0,
+        metadata={"help": "compute_multiplier 'auto' (group size multiplier)."},
+    )
+    group_size_per_multiplier: int = field(
+        default=4,
+        metadata={
+            "help": "GRPO group size at compute_multiplier 1: completions per "
+            "prompt = max(2, round(this x compute_multiplier))."
+        },
+    )
+    max_group_size: int = field(
+        default=64,
+        metadata={"help": "Largest GRPO group a compute_multiplier may ask for."},
+    )
+    default_eval_interval: int = field(
+        default=10,
+        metadata={"help": "eval_interval 'auto': steps between validation runs."},
+    )
+    default_eval_samples: int = field(
+        default=32,
+        metadata={"help": "eval_samples 'auto': validation rows per evaluation."},
+    )
+    default_learning_rate_multiplier: float = field(
+        default=1.0, metadata={"help": "learning_rate_multiplier 'auto'."}
+    )
+    max_steps_per_job: int = field(
+        default=200,
+        metadata={"help": "Cap on a job's training steps (epochs x rows / batch)."},
+    )
+    grader_kinds: list[str] = field(
+        default_factory=lambda: list(DEFAULT_GRADER_KINDS),
+        metadata={
+            "help": "Task kinds a {type: marlaas, kind: K} grader may name "
+            "(the default grader validator)."
+        },
+    )
+    inference_adapters: int = field(
+        default=4,
+        metadata={
+            "help": "Checkpoint adapters kept loaded on the vLLM server for chat "
+            "(LRU); keep it below vllm.max_cpu_loras minus the training adapters."
+        },
+    )
+    admin_key_file: str = field(
+        default="",
+        metadata={
+            "help": "File holding the sha256 of the operator's admin key "
+            "(`marlaas service admin-key`). Empty = <root>/admin_key.sha256."
+        },
+    )
+    metrics_public: bool = field(
+        default=False,
+        metadata={"help": "Serve /metrics without the admin key."},
+    )
+
+    def __post_init__(self):
+        if not isinstance(self.host, str) or not self.host:
+            raise ConfigError("service.host must be a non-empty address.")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"service.port must be in [0, 65535], got {self.port}.")
+        if not self.base_model or "\n" in self.base_model:
+            raise ConfigError("service.base_model must be a non-empty name.")
+        if not (self.base_learning_rate > 0 and math.isfinite(self.base_learning_rate)):
+            raise ConfigError(
+                "service.base_learning_rate must be > 0, got "
+                f"{self.base_learning_rate}."
+            )
+        at_least_one = {
+            "max_running_jobs": self.max_running_jobs,
+            "max_queued_jobs": self.max_queued_jobs,
+            "max_file_bytes": self.max_file_bytes,
+            "max_files": self.max_files,
+            "max_request_bytes": self.max_request_bytes,
+            "default_batch_size": self.default_batch_size,
+            "default_n_epochs": self.default_n_epochs,
+            "default_eval_interval": self.default_eval_interval,
+            "default_eval_samples": self.default_eval_samples,
+            "max_steps_per_job": self.max_steps_per_job,
+            "inference_adapters": self.inference_adapters,
+        }
+        for key, value in at_least_one.items():
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(
+                    f"service.{key} must be an integer >= 1, got {value}."
+                )
+        if self.group_size_per_multiplier < 2:
+            raise ConfigError(
+                "service.group_size_per_multiplier must be >= 2 (GRPO normalizes "
+                f"within a group), got {self.group_size_per_multiplier}."
+            )
+        if self.max_group_size < self.group_size_per_multiplier:
+            raise ConfigError(
+                "service.max_group_size must be >= group_size_per_multiplier, got "
+                f"{self.max_group_size}."
+            )
+        for key in ("default_compute_multiplier", "default_learning_rate_multiplier"):
+            value = getattr(self, key)
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"service.{key} must be > 0, got {value}.")
+        if self.grader_kinds is None or any(
+            not isinstance(k, str) or not k for k in self.grader_kinds
+        ):
+            raise ConfigError("service.grader_kinds must be a list of kind names.")
+        self.grader_kinds = list(self.grader_kinds)
+
+    # -- derived paths ------------------------------------------------------------
+    @property
+    def root_dir(self) -> Path:
+        return Path(self.root).expanduser() if self.root else cache_dir() / "service"
+
+    @property
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.root_dir / 'service.db'}"
+
+    @property
+    def admin_key_path(self) -> Path:
+        if self.admin_key_file:
+            return Path(self.admin_key_file).expanduser()
+        return self.root_dir / "admin_key.sha256"
+
+
+def load_service_config(
+    config_file: str | Path | None, overrides: list[str] | None = None
+) -> ServiceConfig:
+    """The ``service:`` section of a main YAML plus ``service.key=value`` overrides.
+
+    A stand-in until the project loader carries ``service``: it reads only that
+    section, so the rest of the YAML is not validated here.
+    """
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    section: object = {}
+    if config_file is not None:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError(f"--config: {path} does not exist.")
+        try:
+            loaded = OmegaConf.load(path)
+        except Exception as e:  # yaml errors come in many types
+            raise ConfigError(f"--config: {path} is not valid YAML: {e}") from e
+        if isinstance(loaded, DictConfig) and loaded.get("service") is not None:
+            section = loaded.service
+    dotlist = []
+    for o in overrides or []:
+        key, sep, _ = o.partition("=")
+        if not sep or not key.startswith("service."):
+            raise ConfigError(
+                f"override {o!r}: service settings look like service.<field>=<value>."
+            )
+        dotlist.append(o[len("service.") :])
+    try:
+        merged = OmegaConf.merge(
+            OmegaConf.structured(ServiceConfig),
+            section,
+            OmegaConf.from_dotlist(dotlist),
+        )
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        where = f" [at service.{key}]" if key else ""
+        raise ConfigError(str(e).split("\n")[0] + where) from e
+    assert isinstance(cfg, ServiceConfig)
+    return cfg

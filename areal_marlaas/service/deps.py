@@ -1,0 +1,33 @@
+"""What every route needs: the app's shared state and the calling tenant."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from areal_marlaas.service.auth import authenticate
+from areal_marlaas.service.config import ServiceConfig
+from areal_marlaas.service.metrics import ServiceMetrics
+from areal_marlaas.service.models import Tenant
+from areal_marlaas.service.router import ModelRouter
+from areal_marlaas.service.store import JobStore
+
+
+@dataclass
+class AppState:
+    cfg: ServiceConfig
+    store: JobStore
+    router: ModelRouter | None
+    grader_validator: Callable[[dict], None]
+    metrics: ServiceMetrics
+
+
+def state(request: Request) -> AppState:
+    return request.app.state.marlaas
+
+
+def tenant_of(request: Request) -> Tenant:
+    """FastAPI dependency: the tenant of the request's bearer key, else 401."""
+    return authenticate(state(request).store, request)

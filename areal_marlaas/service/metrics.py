@@ -1,0 +1,107 @@
+"""Prometheus metrics of the service, on a registry of its own (not the process
+global one, which AReaL and vLLM clients may also fill).
+
+Jobs per tenant and status and the queue length are read from the job store at
+scrape time. The scheduler side reports the rest through :class:`ServiceMetrics`:
+``observe_ttfs``, ``observe_step``, ``set_trainer_busy``, ``set_kv_usage``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from areal_marlaas.service.models import QUEUED, STATUSES
+from areal_marlaas.service.store import JobStore
+
+# Seconds; TTFS spans queueing, so it reaches hours on a busy pool.
+TTFS_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, float("inf"))
+STEP_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, float("inf"))
+
+
+class _JobsCollector(Collector):
+    def __init__(self, store: JobStore):
+        self.store = store
+
+    def collect(self):
+        counts = self.store.job_counts()
+        jobs = GaugeMetricFamily(
+            "marlaas_jobs", "Jobs by tenant and status.", labels=["tenant", "status"]
+        )
+        tenants = sorted({t for t, _ in counts})
+        for tenant in tenants:
+            for status in STATUSES:
+                jobs.add_metric([tenant, status], counts.get((tenant, status), 0))
+        yield jobs
+        queue = GaugeMetricFamily(
+            "marlaas_queue_length", "Jobs waiting in status queued (all tenants)."
+        )
+        queue.add_metric([], sum(n for (_, s), n in counts.items() if s == QUEUED))
+        yield queue
+
+
+class ServiceMetrics:
+    """The service's metrics. ``tenant`` labels are tenant ids (``org-...``, the
+    jobs' ``organization_id``)."""
+
+    def __init__(self, store: JobStore | None = None):
+        self.registry = CollectorRegistry(auto_describe=True)
+        if store is not None:
+            self.registry.register(_JobsCollector(store))
+        self.ttfs = Histogram(
+            "marlaas_ttfs_seconds",
+            "Time to first step: first committed step minus job creation.",
+            ["tenant"],
+            buckets=TTFS_BUCKETS,
+            registry=self.registry,
+        )
+        self.step = Histogram(
+            "marlaas_step_seconds",
+            "Wall time of one committed training step of a job.",
+            ["tenant"],
+            buckets=STEP_BUCKETS,
+            registry=self.registry,
+        )
+        self.trainer_busy = Gauge(
+            "marlaas_trainer_busy_fraction",
+            "Fraction of recent wall time the trainer spent training.",
+            registry=self.registry,
+        )
+        self.kv_usage = Gauge(
+            "marlaas_server_kv_usage_fraction",
+            "The rollout server's KV-cache usage (vllm:kv_cache_usage_perc).",
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "marlaas_api_requests",
+            "API requests by method, route and status code.",
+            ["method", "route", "code"],
+            registry=self.registry,
+        )
+
+    # -- what the scheduler side calls -------------------------------------------
+    def observe_ttfs(self, tenant: str, seconds: float) -> None:
+        self.ttfs.labels(tenant).observe(seconds)
+
+    def observe_step(self, tenant: str, seconds: float) -> None:
+        self.step.labels(tenant).observe(seconds)
+
+    def set_trainer_busy(self, fraction: float) -> None:
+        self.trainer_busy.set(min(max(fraction, 0.0), 1.0))
+
+    def set_kv_usage(self, fraction: float) -> None:
+        self.kv_usage.set(min(max(fraction, 0.0), 1.0))
+
+    # -- what the API calls -------------------------------------------------------
+    def observe_request(self, method: str, route: str, code: int) -> None:
+        self.requests.labels(method, route, str(code)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,206 @@
+"""The job store's tables (SQLAlchemy 2 ORM). Alembic migrations in
+``migrations/versions`` create them; a test checks the two never drift apart.
+
+Objects with public string ids (``ftjob-...``, ``file-...``, ``ftckpt-...``) also
+have an integer ``seq`` primary key: it only grows (``sqlite_autoincrement``, a
+sequence on PostgreSQL), so lists page stably by it. Times are Unix seconds as
+floats (TTFS needs sub-second precision; the API rounds them down).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Named constraints, so later migrations (batch mode on SQLite) can address them.
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# JSON columns store SQL NULL for None (not the JSON literal null), so
+# `metadata=null` filters with IS NULL.
+Json = JSON(none_as_null=True)
+
+# Job statuses. `paused` is ours (the SDK's literal lacks it; it parses leniently).
+VALIDATING = "validating_files"
+QUEUED = "queued"
+RUNNING = "running"
+PAUSED = "paused"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+STATUSES = (VALIDATING, QUEUED, RUNNING, PAUSED, SUCCEEDED, FAILED, CANCELLED)
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+ACTIONS = ("cancel", "pause", "resume")
+EVENT_LEVELS = ("info", "warn", "error")
+EVENT_TYPES = ("message", "metrics")
+
+
+def new_id(prefix: str) -> str:
+    """``<prefix>-<24 hex>``: 96 random bits, unguessable across tenants."""
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    disabled: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    # sha256 hex of the key; the key itself is shown once and never stored.
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class File(Base):
+    __tablename__ = "files"
+    __table_args__ = (
+        Index("ix_files_tenant_seq", "tenant_id", "seq"),
+        {"sqlite_autoincrement": True},
+    )
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    filename: Mapped[str] = mapped_column(String(255))
+    purpose: Mapped[str] = mapped_column(String(32))
+    bytes: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    lines: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+    # Relative to the service root; never derived from the uploaded filename.
+    path: Mapped[str] = mapped_column(String(255))
+    deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key"),
+        Index("ix_jobs_tenant_seq", "tenant_id", "seq"),
+        Index("ix_jobs_status_seq", "status", "seq"),
+        {"sqlite_autoincrement": True},
+    )
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    model: Mapped[str] = mapped_column(String(255))
+    training_file: Mapped[str] = mapped_column(ForeignKey("files.id"))
+    validation_file: Mapped[str | None] = mapped_column(
+        ForeignKey("files.id"), nullable=True
+    )
+    status: Mapped[str] = mapped_column(String(32))
+    # The method as requested ({type, reinforcement: {grader, hyperparameters}}).
+    method: Mapped[dict[str, Any]] = mapped_column(Json)
+    # Every hyperparameter resolved ("auto" replaced), plus what the trainer needs:
+    # group_size, learning_rate.
+    hyperparameters: Mapped[dict[str, Any]] = mapped_column(Json)
+    metadata_: Mapped[dict[str, str] | None] = mapped_column(
+        "metadata", Json, nullable=True
+    )
+    seed: Mapped[int] = mapped_column(Integer)
+    suffix: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    fine_tuned_model: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # Adapter/task name inside the trainer: [a-z0-9_], <= 48 chars (TaskSpec.name).
+    task_name: Mapped[str] = mapped_column(String(48), unique=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    first_step_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ttfs_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    trained_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    steps_total: Mapped[int] = mapped_column(Integer)
+    steps_done: Mapped[int] = mapped_column(Integer, default=0)
+    result_files: Mapped[list[str]] = mapped_column(Json)
+    estimated_finish: Mapped[float | None] = mapped_column(Float, nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # sha256 of the create body: a reused Idempotency-Key with another body is 409.
+    request_sha256: Mapped[str] = mapped_column(String(64))
+
+
+class JobAction(Base):
+    """A tenant's cancel/pause/resume request; the scheduler applies it and sets
+    ``handled_at`` (the API never changes a job's status itself)."""
+
+    __tablename__ = "job_actions"
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    action: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float)
+    handled_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # What the scheduler did ("applied", "ignored: job already finished", ...).
+    outcome: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Event(Base):
+    __tablename__ = "events"
+    __table_args__ = (
+        Index("ix_events_job_id_id", "job_id", "id"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    created_at: Mapped[float] = mapped_column(Float)
+    level: Mapped[str] = mapped_column(String(8))
+    message: Mapped[str] = mapped_column(Text)
+    type: Mapped[str] = mapped_column(String(16))
+    data: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (
+        UniqueConstraint("job_id", "step_number"),
+        Index("ix_checkpoints_tenant_id", "tenant_id"),
+        {"sqlite_autoincrement": True},
+    )
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    step_number: Mapped[int] = mapped_column(Integer)
+    # The trainer's adapter version this checkpoint holds (<task>-v<version>).
+    version: Mapped[int] = mapped_column(Integer)
+    # Its own servable name (chat `model=`), unique across the service.
+    fine_tuned_model_checkpoint: Mapped[str] = mapped_column(String(255), unique=True)
+    adapter_path: Mapped[str] = mapped_column(String(512))
+    metrics: Mapped[dict[str, Any]] = mapped_column(Json)
+    created_at: Mapped[float] = mapped_column(Float)

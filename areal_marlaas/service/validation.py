@@ -1,0 +1,319 @@
+"""Checks on a ``POST /fine_tuning/jobs`` body. Every refusal is a 400 that names
+the offending parameter (``model``, ``method.reinforcement.hyperparameters.x``,
+...), so a tenant can fix it without guessing; keys the service would silently
+ignore are refused too."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from areal_marlaas.service.config import ServiceConfig
+from areal_marlaas.service.errors import bad_request
+
+CREATE_FIELDS = {
+    "model",
+    "training_file",
+    "validation_file",
+    "method",
+    "metadata",
+    "seed",
+    "suffix",
+    "hyperparameters",
+    "integrations",
+}
+HYPERPARAMETERS = (
+    "batch_size",
+    "n_epochs",
+    "compute_multiplier",
+    "eval_interval",
+    "eval_samples",
+    "learning_rate_multiplier",
+    "reasoning_effort",
+)
+HP = "method.reinforcement.hyperparameters"
+MAX_BATCH_SIZE = 1024
+MAX_EPOCHS = 100
+MAX_EVAL_SAMPLES = 10000
+MAX_LR_MULTIPLIER = 100.0
+SUFFIX = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
+
+
+@dataclass
+class JobRequest:
+    """A syntactically valid create body; hyperparameters may still be "auto"."""
+
+    model: str
+    training_file: str
+    validation_file: str | None
+    grader: dict[str, Any]
+    hyperparameters: dict[str, Any]
+    metadata: dict[str, str] | None
+    seed: int
+    suffix: str | None
+    request_sha256: str
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise bad_request(
+            "We could not parse the JSON body of your request. (HINT: This likely "
+            "means you aren't using your HTTP library correctly. The OpenAI API "
+            "expects a JSON payload, but what was sent was not valid JSON.)"
+        ) from e
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return body
+
+
+def parse_job_request(
+    body: dict[str, Any],
+    cfg: ServiceConfig,
+    grader_validator: Callable[[dict], None],
+) -> JobRequest:
+    unknown = sorted(set(body) - CREATE_FIELDS)
+    if unknown:
+        raise bad_request(
+            f"Unrecognized request argument(s) supplied: {', '.join(unknown)}.",
+            param=unknown[0],
+            code="unknown_parameter",
+        )
+    model = body.get("model")
+    if model != cfg.base_model:
+        raise bad_request(
+            f"Model {model!r} cannot be fine-tuned here; this service fine-tunes "
+            f"'{cfg.base_model}' only.",
+            param="model",
+            code="model_not_available",
+        )
+    training_file = body.get("training_file")
+    if not isinstance(training_file, str) or not training_file:
+        raise bad_request("training_file is required: a file id.", "training_file")
+    validation_file = body.get("validation_file")
+    if validation_file is not None and (
+        not isinstance(validation_file, str) or not validation_file
+    ):
+        raise bad_request("validation_file must be a file id.", "validation_file")
+    if body.get("hyperparameters") not in (None, {}):
+        raise bad_request(
+            "The top-level hyperparameters are for supervised jobs; give them in "
+            f"{HP}.",
+            param="hyperparameters",
+        )
+    if body.get("integrations") not in (None, []):
+        raise bad_request("Integrations are not supported.", param="integrations")
+    grader, hyperparameters = _method(body.get("method"), grader_validator)
+    return JobRequest(
+        model=model,
+        training_file=training_file,
+        validation_file=validation_file,
+        grader=grader,
+        hyperparameters=hyperparameters,
+        metadata=_metadata(body.get("metadata")),
+        seed=_seed(body.get("seed")),
+        suffix=_suffix(body.get("suffix")),
+        request_sha256=hashlib.sha256(
+            json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest(),
+    )
+
+
+def _method(method: Any, grader_validator: Callable[[dict], None]):
+    if method is None:
+        raise bad_request(
+            "method is required: {type: 'reinforcement', reinforcement: {grader, "
+            "hyperparameters}} (only reinforcement fine-tuning is supported).",
+            param="method",
+        )
+    if not isinstance(method, dict):
+        raise bad_request("method must be an object.", param="method")
+    if method.get("type") != "reinforcement":
+        raise bad_request(
+            f"method.type {method.get('type')!r} is not supported; this service runs "
+            "'reinforcement' fine-tuning only.",
+            param="method.type",
+        )
+    extra = sorted(set(method) - {"type", "reinforcement"})
+    if extra:
+        raise bad_request(
+            f"Unrecognized argument(s) in method: {', '.join(extra)}.",
+            param=f"method.{extra[0]}",
+        )
+    rl = method.get("reinforcement")
+    if not isinstance(rl, dict):
+        raise bad_request(
+            "method.reinforcement is required: {grader, hyperparameters}.",
+            param="method.reinforcement",
+        )
+    extra = sorted(set(rl) - {"grader", "hyperparameters"})
+    if extra:
+        raise bad_request(
+            f"Unrecognized argument(s) in method.reinforcement: {', '.join(extra)}.",
+            param=f"method.reinforcement.{extra[0]}",
+        )
+    grader = rl.get("grader")
+    where = "method.reinforcement.grader"
+    if not isinstance(grader, dict):
+        raise bad_request(f"{where} is required: an object with a type.", where)
+    try:
+        grader_validator(grader)
+    except ValueError as e:
+        param = getattr(e, "param", None)
+        if param and not param.startswith("method."):
+            param = f"{where}.{param}"
+        raise bad_request(f"Invalid grader: {e}", param=param or where) from e
+    hp = rl.get("hyperparameters") or {}
+    if not isinstance(hp, dict):
+        raise bad_request(f"{HP} must be an object.", param=HP)
+    extra = sorted(set(hp) - set(HYPERPARAMETERS))
+    if extra:
+        raise bad_request(
+            f"Unrecognized hyperparameter(s): {', '.join(extra)}.",
+            param=f"{HP}.{extra[0]}",
+        )
+    effort = hp.get("reasoning_effort")
+    if effort not in (None, "default"):
+        raise bad_request(
+            f"reasoning_effort {effort!r} is not supported by this service's models; "
+            "leave it out or use 'default'.",
+            param=f"{HP}.reasoning_effort",
+        )
+    return grader, {k: v for k, v in hp.items() if k != "reasoning_effort"}
+
+
+def _metadata(md: Any) -> dict[str, str] | None:
+    if md is None:
+        return None
+    if not isinstance(md, dict):
+        raise bad_request("metadata must be an object of strings.", "metadata")
+    if len(md) > METADATA_PAIRS:
+        raise bad_request(
+            f"metadata has {len(md)} pairs; at most {METADATA_PAIRS} are allowed.",
+            "metadata",
+        )
+    for k, v in md.items():
+        if not 0 < len(k) <= METADATA_KEY:
+            raise bad_request(
+                f"metadata keys must be 1 to {METADATA_KEY} characters.", "metadata"
+            )
+        if not isinstance(v, str) or len(v) > METADATA_VALUE:
+            raise bad_request(
+                f"metadata[{k!r}] must be a string of at most {METADATA_VALUE} "
+                "characters.",
+                f"metadata.{k}",
+            )
+    return dict(md)
+
+
+def _seed(seed: Any) -> int:
+    if seed is None:
+        return secrets.randbelow(2**31)
+    if not _is_int(seed) or not 0 <= seed < 2**31:
+        raise bad_request("seed must be an integer in [0, 2147483647].", "seed")
+    return seed
+
+
+def _suffix(suffix: Any) -> str | None:
+    if suffix is None:
+        return None
+    if not isinstance(suffix, str) or not SUFFIX.match(suffix):
+        raise bad_request(
+            "suffix must be 1 to 64 characters: letters, digits, '.', '_' or '-'.",
+            "suffix",
+        )
+    return suffix
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def _int_hp(hp: dict, key: str, default: int, hi: int, why: str = "") -> int:
+    v = hp.get(key, "auto")
+    if v == "auto" or v is None:
+        return default
+    if not _is_int(v) or not 1 <= v <= hi:
+        raise bad_request(
+            f"{key} must be 'auto' or an integer from 1 to {hi}{why}, got {v!r}.",
+            param=f"{HP}.{key}",
+        )
+    return v
+
+
+def _float_hp(hp: dict, key: str, default: float, hi: float) -> float:
+    v = hp.get(key, "auto")
+    if v == "auto" or v is None:
+        return default
+    if not _is_number(v) or not 0 < v <= hi:
+        raise bad_request(
+            f"{key} must be 'auto' or a number in (0, {hi:g}], got {v!r}.",
+            param=f"{HP}.{key}",
+        )
+    return float(v)
+
+
+def resolve_hyperparameters(
+    hp: dict[str, Any], cfg: ServiceConfig, train_rows: int
+) -> tuple[dict[str, Any], int]:
+    """Replace "auto" with the service's defaults, range-check the rest, and plan
+    the job: ``(resolved, steps_total)``."""
+    batch_size = _int_hp(
+        hp,
+        "batch_size",
+        min(cfg.default_batch_size, train_rows),
+        min(MAX_BATCH_SIZE, train_rows),
+        f" (the training file has {train_rows} examples)",
+    )
+    n_epochs = _int_hp(hp, "n_epochs", cfg.default_n_epochs, MAX_EPOCHS)
+    cap = cfg.max_group_size / cfg.group_size_per_multiplier
+    multiplier = _float_hp(
+        hp, "compute_multiplier", cfg.default_compute_multiplier, cap
+    )
+    eval_interval = _int_hp(
+        hp, "eval_interval", cfg.default_eval_interval, cfg.max_steps_per_job
+    )
+    eval_samples = _int_hp(
+        hp, "eval_samples", cfg.default_eval_samples, MAX_EVAL_SAMPLES
+    )
+    lr_mult = _float_hp(
+        hp,
+        "learning_rate_multiplier",
+        cfg.default_learning_rate_multiplier,
+        MAX_LR_MULTIPLIER,
+    )
+    group = max(2, round(cfg.group_size_per_multiplier * multiplier))
+    steps = min(cfg.max_steps_per_job, math.ceil(train_rows * n_epochs / batch_size))
+    resolved = {
+        "batch_size": batch_size,
+        "n_epochs": n_epochs,
+        "compute_multiplier": multiplier,
+        "eval_interval": eval_interval,
+        "eval_samples": eval_samples,
+        "learning_rate_multiplier": lr_mult,
+        # What the trainer runs with.
+        "group_size": group,
+        "learning_rate": cfg.base_learning_rate * lr_mult,
+    }
+    return resolved, steps
+
+
+def method_object(grader: dict[str, Any], resolved: dict[str, Any]) -> dict[str, Any]:
+    """The job's ``method`` as returned: the grader, hyperparameters resolved."""
+    hp = {k: resolved[k] for k in HYPERPARAMETERS if k in resolved}
+    return {
+        "type": "reinforcement",
+        "reinforcement": {"grader": grader, "hyperparameters": hp},
+    }
