@@ -45,9 +45,9 @@ def _import(where: str, path: str):
 
 def check_task(i: int, task: TaskSpec, kv: KVModel, capacity: int | None) -> TaskReport:
     where = f"tasks.{i} ({task.name!r})"
-    rows = load_task_rows(task) if task.kind else []
+    rows = load_task_rows(task)
     reward = _import(f"{where} reward_fn", task.reward_fn_path)
-    if not callable(reward):
+    if task.grader is None and not callable(reward):
         raise ConfigError(
             f"{where}: reward_fn {task.reward_fn_path!r} is not callable."
         )

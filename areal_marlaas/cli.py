@@ -198,6 +198,18 @@ def _bench(rest: list[str]) -> int:
     return 1 if failed and len(failed) == len(result["runs"]) else 0
 
 
+def _service(rest: list[str]) -> int:
+    """The job service (--config X.yaml), or its operator commands (tenant,
+    admin-key, status)."""
+    if rest and rest[0] in ("tenant", "admin-key", "status"):
+        from areal_marlaas.service.cli import main as operator_main
+
+        return operator_main(rest)
+    from areal_marlaas.service.runner import main as service_main
+
+    return service_main(rest)
+
+
 # Commands that take `--config X.yaml [--tasks T.yaml] [key=value ...]`.
 _CONFIG_COMMANDS = {
     "check": _check,
@@ -208,6 +220,7 @@ _CONFIG_COMMANDS = {
     "bench-rollout": _bench_rollout,
     "bench-learning": _bench_learning,
     "eval-adapters": _eval_adapters,
+    "service": _service,
 }
 
 

@@ -8,7 +8,9 @@ the rollout ran on a worker) plus plain-Python extras:
 * ``served_adapters``: the adapter name the server reported for each generation
   request (the audit compares it with the version the tokens are labelled with);
 * ``env_intervals``: ``[start, end, start, end, ...]`` wall-clock seconds the
-  episode spent in its environment (tool calls), for the ``env`` phase.
+  episode spent in its environment (tool calls), for the ``env`` phase;
+* ``reward_reasons``: why samples scored as they did, when a grader said (a
+  python grader that raised, a judge that did not answer, ...).
 
 A failed episode comes back as ``{FAILURE: reason}`` instead of a trajectory, so
 the reason reaches the scheduler on every placement (in-process, AReaL workers).
@@ -63,6 +65,11 @@ def staleness(batch: list[dict[str, Any]], version: int) -> int:
     return max(version - min(generated_versions(t)) for t in batch)
 
 
+def generated_tokens(batch: list[dict[str, Any]]) -> int:
+    """Tokens the policy generated in the batch (what a step trains on)."""
+    return int(sum(int(tensor(t["loss_mask"]).sum()) for t in batch))
+
+
 def rewards(batch: list[dict[str, Any]]) -> torch.Tensor:
     return torch.cat([tensor(t["rewards"]).flatten() for t in batch])
 
@@ -70,6 +77,15 @@ def rewards(batch: list[dict[str, Any]]) -> torch.Tensor:
 def served_adapters(batch: list[dict[str, Any]]) -> list[str]:
     """Every adapter name the server reported for the batch's requests."""
     return [n for t in batch for n in t.get("served_adapters", [])]
+
+
+def reward_reasons(batch: list[dict[str, Any]]) -> dict[str, int]:
+    """How often each grading error occurred in the batch."""
+    counts: dict[str, int] = {}
+    for t in batch:
+        for reason in t.get("reward_reasons", []):
+            counts[reason] = counts.get(reason, 0) + 1
+    return counts
 
 
 def env_intervals(batch: list[dict[str, Any]]) -> list[tuple[float, float]]:

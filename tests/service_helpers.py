@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 from sqlalchemy import select
 
-from areal_marlaas.service.config import ServiceConfig
+from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.service.metrics import ServiceMetrics
 from areal_marlaas.service.models import Checkpoint, Event, File, Job, JobAction
 from areal_marlaas.service.server import ApiServer, run_api

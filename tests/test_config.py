@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
 # configs/bench.yaml is a train config plus a `bench:` section: `marlaas bench`
 # reads it (test_shipped_bench_config_loads), `marlaas check` does not.
-TRAIN_CONFIGS = [p for p in SHIPPED if p.stem != "bench"]
+TRAIN_CONFIGS = [p for p in SHIPPED if p.stem not in ("bench", "service")]
 
 
 def write(path: Path, data) -> Path:
@@ -237,3 +237,12 @@ def test_config_reference_is_up_to_date():
     assert committed == generate(), (
         "docs/config.md is stale: run `marlaas config-docs --out docs/config.md`"
     )
+
+
+def test_shipped_service_config_loads(model_path):
+    from areal_marlaas.config.service import ServiceRunConfig
+
+    cfg, _ = load_config(
+        ["--config", str(REPO / "configs" / "service.yaml")], ServiceRunConfig
+    )
+    assert cfg.tasks == [] and cfg.service.port == 8000

@@ -592,12 +592,12 @@ def test_limits_are_429_without_retries(svc):
                 method={
                     "type": "reinforcement",
                     "reinforcement": {
-                        "grader": {"type": "python", "source": "import os"}
+                        "grader": {"type": "exec", "source": "import os"}
                     },
                 }
             ),
             "method.reinforcement.grader.type",
-            "Unsupported grader type 'python'",
+            "unknown grader type 'exec'",
         ),
         (
             dict(

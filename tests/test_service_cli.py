@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.errors import ConfigError
+from areal_marlaas.graders import GraderError, GradingContext
 from areal_marlaas.service.auth import is_admin
-from areal_marlaas.service.cli import main
-from areal_marlaas.service.config import ServiceConfig, load_service_config
-from areal_marlaas.service.grading import GraderError, default_grader_validator
+from areal_marlaas.service.cli import load_service_config, main
+from areal_marlaas.service.grading import service_grader_validator
 from areal_marlaas.service.store import JobStore, NewJob
 from areal_marlaas.service.uploads import sanitize_filename
 
@@ -75,7 +76,7 @@ def test_config_errors_name_the_field(tmp_path, capsys):
     rc, _, err = run(capsys, "status", f"service.root={tmp_path}", "service.port=-1")
     assert rc == 2 and "service.port" in err
     rc, _, err = run(capsys, "status", "port=1")
-    assert rc == 2 and "service.<field>=<value>" in err
+    assert rc == 2 and "unknown field 'port'" in err
     rc, _, err = run(capsys, "status", f"service.root={tmp_path}", "service.nope=1")
     assert rc == 2 and "nope" in err
     with pytest.raises(ConfigError, match="service.max_queued_jobs"):
@@ -84,7 +85,7 @@ def test_config_errors_name_the_field(tmp_path, capsys):
         ServiceConfig(default_learning_rate_multiplier=float("nan"))
     with pytest.raises(ConfigError, match="service.group_size_per_multiplier"):
         ServiceConfig(group_size_per_multiplier=1)
-    cfg = load_service_config(None, [f"service.root={tmp_path}"])
+    cfg = load_service_config(None, [f"service.root={tmp_path}"]).service
     assert cfg.database_url == f"sqlite:///{tmp_path / 'service.db'}"
     assert cfg.admin_key_path == tmp_path / "admin_key.sha256"
 
@@ -106,8 +107,8 @@ def test_sanitize_filename(name, stored):
     assert sanitize_filename(name) == stored
 
 
-def test_default_grader_validator():
-    check = default_grader_validator(["addition"])
+def test_service_grader_validator():
+    check = service_grader_validator(["addition"], GradingContext())
     check(
         {
             "type": "string_check",
@@ -118,10 +119,14 @@ def test_default_grader_validator():
         }
     )
     check({"type": "marlaas", "kind": "addition"})
+    where = "method.reinforcement.grader"
     bad = [
-        ({"type": "python", "source": "x"}, "type"),
-        ({"type": "marlaas", "kind": "gsm8k"}, "kind"),
-        ({"type": "marlaas", "kind": "addition", "import": "os.system"}, "import"),
+        ({"type": "nope", "source": "x"}, f"{where}.type"),
+        ({"type": "marlaas", "kind": "gsm8k"}, f"{where}.kind"),
+        (
+            {"type": "marlaas", "kind": "addition", "import": "os.system"},
+            f"{where}.import",
+        ),
         (
             {
                 "type": "string_check",
@@ -130,7 +135,7 @@ def test_default_grader_validator():
                 "reference": 1,
                 "operation": "eq",
             },
-            "reference",
+            f"{where}.reference",
         ),
         (
             {
@@ -140,7 +145,16 @@ def test_default_grader_validator():
                 "reference": "y",
                 "operation": "re",
             },
-            "operation",
+            f"{where}.operation",
+        ),
+        (
+            {
+                "type": "multi",
+                "name": "m",
+                "graders": {"k": {"type": "marlaas", "kind": "addition"}},
+                "calculate_output": "k",
+            },
+            f"{where}.graders.k.type",
         ),
     ]
     for spec, param in bad:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -37,6 +38,15 @@ class TaskDatasetConfig:
     )
     digits: int = field(
         default=2, metadata={"help": "Synthetic arithmetic: digits per operand."}
+    )
+    format: str = field(
+        default="kind",
+        metadata={
+            "help": "kind: the kind's own loader reads path; messages: path is a "
+            'JSONL of {"messages": [... ending with a user turn], <fields>} lines, '
+            "used as they are (a job's training file).",
+            "choices": ["kind", "messages"],
+        },
     )
 
 
@@ -215,6 +225,15 @@ class TaskSpec:
             "empty = the kind's default."
         },
     )
+    grader: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "An OpenAI-style grader (string_check, text_similarity, python, "
+            "score_model, multi) scoring each sample instead of reward_fn; its "
+            "templates read {{ item.<field> }} of the row and "
+            "{{ sample.output_text }}."
+        },
+    )
     ppo: TaskPPOConfig = field(
         default_factory=TaskPPOConfig,
         metadata={"help": "This task's overrides of actor.* PPO settings."},
@@ -263,18 +282,28 @@ class TaskSpec:
                 f"{where}: name must match {TASK_NAME.pattern} (lowercase letters, "
                 "digits, '_'; it becomes a folder and an adapter name)."
             )
-        if not self.kind and not self.workflow:
+        if not self.kind and not self.workflow and self.grader is None:
             raise ConfigError(
-                f"{where}: set kind (one of {sorted(KINDS)}) or workflow (import path)."
+                f"{where}: set kind (one of {sorted(KINDS)}), grader, or workflow "
+                "(import path)."
             )
         if self.kind and self.kind not in KINDS:
             raise ConfigError(
                 f"{where}: unknown kind {self.kind!r}; choose one of {sorted(KINDS)} "
                 "or set workflow to an import path."
             )
+        if self.dataset.format not in ("kind", "messages"):
+            raise ConfigError(
+                f"{where}: dataset.format must be kind or messages, got "
+                f"{self.dataset.format!r}."
+            )
+        if self.grader is not None:
+            self._check_grader(where)
         if not self.kind:
-            if not self.reward_fn:
-                raise ConfigError(f"{where}: reward_fn is required when kind is empty.")
+            if not self.reward_fn and self.grader is None:
+                raise ConfigError(
+                    f"{where}: reward_fn (or grader) is required when kind is empty."
+                )
             if not self.dataset.path:
                 raise ConfigError(
                     f"{where}: dataset.path is required when kind is empty."
@@ -318,10 +347,22 @@ class TaskSpec:
         if not 1 <= self.dataset.digits <= 9:
             raise ConfigError(f"{where}: dataset.digits must be in [1, 9].")
 
+    def _check_grader(self, where: str) -> None:
+        from areal_marlaas.graders import GraderError, parse_grader
+
+        if self.reward_fn:
+            raise ConfigError(f"{where}: set grader or reward_fn, not both.")
+        try:
+            parse_grader(dict(self.grader), param="grader")
+        except GraderError as e:
+            raise ConfigError(f"{where}: {e.param}: {e}") from e
+
     @property
     def reward_fn_path(self) -> str:
         if self.reward_fn:
             return self.reward_fn
+        if self.grader is not None:
+            return "areal_marlaas.graders.reward.GraderReward"
         if KINDS[self.kind].needs_search and self.search.scorer in SCORER_REWARD_FNS:
             return SCORER_REWARD_FNS[self.search.scorer]
         return KINDS[self.kind].reward_fn

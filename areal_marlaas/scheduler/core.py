@@ -16,6 +16,11 @@ differ only in *when* a task may start a rollout or a training step:
 * ``sequential`` / ``collocated`` (single-task baselines): one task at a time runs
   all its steps; they differ only in placement, which the runtime sets.
 
+Tasks may also arrive, pause, resume and be cancelled while others run (the job
+service): ``Submitted`` at any time; ``Pause`` stops a task after its current
+step is committed and published; ``Resume`` lets it roll out again; ``Cancel``
+ends it at once when nothing of it is in flight, else when its phase returns.
+
 Admission: a task starts a rollout only while the KV footprint of the tasks rolling
 out (or the server's reported usage, whichever is larger) plus its own stays within
 ``kv_budget``, and fewer than ``max_rolling`` tasks roll out. Waiting tasks go by
@@ -38,11 +43,13 @@ class Phase(StrEnum):
     QUEUED = "queued"  # batch ready, waiting for a trainer
     TRAIN = "train"
     PUBLISH = "publish"
+    PAUSED = "paused"  # stopped after a committed, published version
     DONE = "done"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
-_ENDED = (Phase.DONE, Phase.FAILED)
+_ENDED = (Phase.DONE, Phase.FAILED, Phase.CANCELLED)
 
 
 # -- events (runtime -> core) ---------------------------------------------------
@@ -96,8 +103,39 @@ class KVUsage:
     used_bytes: int
 
 
+@dataclass(frozen=True)
+class Cancel:
+    """End the task: now if nothing of it is in flight, else when it returns."""
+
+    task: str
+    reason: str = "cancelled"
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Stop the task after its current step is committed and published."""
+
+    task: str
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Let a paused task roll out again (or withdraw a pause not yet reached)."""
+
+    task: str
+
+
 Event = (
-    Submitted | RolloutDone | TrainDone | PublishDone | TaskError | TaskFailed | KVUsage
+    Submitted
+    | RolloutDone
+    | TrainDone
+    | PublishDone
+    | TaskError
+    | TaskFailed
+    | KVUsage
+    | Cancel
+    | Pause
+    | Resume
 )
 
 
@@ -125,6 +163,15 @@ class FinishTask:
     task: str
     failed: bool = False
     reason: str = ""
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class TaskPaused:
+    """The task stopped at ``version`` (committed and published) until resumed."""
+
+    task: str
+    version: int
 
 
 @dataclass(frozen=True)
@@ -138,7 +185,9 @@ class HoldRollout:
     reason: str
 
 
-Action = StartRollout | StartTrain | StartPublish | FinishTask | HoldRollout
+Action = (
+    StartRollout | StartTrain | StartPublish | FinishTask | HoldRollout | TaskPaused
+)
 
 
 class ProtocolError(RuntimeError):
@@ -162,6 +211,7 @@ class TaskState:
     order: int = 0
     errors: int = 0  # failures at the current version (reset by a commit)
     held: str = ""  # why it is waiting, once a HoldRollout was emitted
+    stop: str = ""  # "pause" or "cancel", asked while a phase was in flight
 
     @property
     def active(self) -> bool:
@@ -206,7 +256,11 @@ class SchedulerCore:
         return max(self.kv_in_use(), self.live_kv)
 
     def _active(self) -> list[TaskState]:
-        return [t for t in self.tasks.values() if t.active]
+        """Tasks the modes' turns and barriers wait for (a paused task is left
+        out until it resumes)."""
+        return [
+            t for t in self.tasks.values() if t.active and t.phase is not Phase.PAUSED
+        ]
 
     # -- transitions ------------------------------------------------------------
     def handle(self, event: Event) -> list[Action]:
@@ -220,12 +274,18 @@ class SchedulerCore:
             raise ProtocolError(f"event for unknown task: {event}")
         if not task.active:
             return []  # late news about a task that already ended
+        if isinstance(event, Cancel | Pause | Resume):
+            return self._control(task, event)
         if isinstance(event, TaskFailed):
             return self._fail(task, event.reason)
         if isinstance(event, TaskError):
+            if task.stop == "cancel":
+                return self._cancel(task)
             return self._error(task, event.reason)
         if isinstance(event, RolloutDone):
             self._expect(task, Phase.ROLLOUT, event.version)
+            if task.stop == "cancel":
+                return self._cancel(task)
             task.phase = Phase.QUEUED  # its KV is free again
             self.train_queue.append(task.name)
             return [*self._next_train(), *self._admit()]
@@ -236,6 +296,8 @@ class SchedulerCore:
             task.version = event.version
             task.steps_done += 1
             task.errors = 0
+            if task.stop == "cancel":  # committed, but never served again
+                return [*self._cancel(task), *self._next_train()]
             task.phase = Phase.PUBLISH
             return [StartPublish(task.name, task.version), *self._next_train()]
         if isinstance(event, PublishDone):
@@ -272,9 +334,57 @@ class SchedulerCore:
             actions.append(FinishTask(task.name))
             # A finished task can release a sync barrier or a single-task turn.
             actions += self._next_train()
+        elif task.stop == "cancel":
+            return self._cancel(task)
+        elif task.stop == "pause":
+            return self._pause_now(task)
         else:
             task.phase = Phase.PENDING
         return [*actions, *self._admit()]
+
+    # -- control (pause, resume, cancel) ----------------------------------------
+    def _control(self, task: TaskState, event: Cancel | Pause | Resume) -> list[Action]:
+        idle = task.phase in (Phase.PENDING, Phase.PAUSED, Phase.QUEUED)
+        if isinstance(event, Cancel):
+            task.reason = event.reason
+            if idle:
+                return self._cancel(task)
+            task.stop = "cancel"
+            return []
+        if isinstance(event, Pause):
+            if task.phase is Phase.PENDING:
+                return self._pause_now(task)
+            if task.phase is not Phase.PAUSED and task.stop != "cancel":
+                task.stop = "pause"
+            return []
+        # Resume
+        if task.stop == "pause":
+            task.stop = ""
+        if task.phase is Phase.PAUSED:
+            task.phase = Phase.PENDING
+            task.held = ""
+            return self._admit()
+        return []
+
+    def _pause_now(self, task: TaskState) -> list[Action]:
+        task.stop = ""
+        task.phase = Phase.PAUSED
+        # A paused task can release a sync barrier or a single-task turn.
+        return [
+            TaskPaused(task.name, task.version),
+            *self._next_train(),
+            *self._admit(),
+        ]
+
+    def _cancel(self, task: TaskState) -> list[Action]:
+        self._drop_batch(task)
+        task.phase = Phase.CANCELLED  # frees its KV and train slot
+        task.stop = ""
+        return [
+            FinishTask(task.name, reason=task.reason or "cancelled", cancelled=True),
+            *self._next_train(),
+            *self._admit(),
+        ]
 
     # -- admission --------------------------------------------------------------
     def _turn(self, task: TaskState) -> bool:
@@ -359,6 +469,8 @@ class SchedulerCore:
         # A failed rollout or training step: generate a fresh batch at the same
         # version (the failed batch is dropped, so the task stays on-policy).
         self._drop_batch(task)
+        if task.stop == "pause":
+            return self._pause_now(task)
         task.phase = Phase.PENDING
         return [*self._next_train(), *self._admit()]
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import queue
 import statistics
+import threading
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,10 +31,14 @@ from areal_marlaas.manager.store import RunStore
 from areal_marlaas.scheduler.core import (
     Action,
     AdmissionError,
+    Cancel,
     FinishTask,
     HoldRollout,
     KVUsage,
+    Pause,
+    Phase,
     PublishDone,
+    Resume,
     RolloutDone,
     SchedulerCore,
     StartPublish,
@@ -41,6 +46,7 @@ from areal_marlaas.scheduler.core import (
     StartTrain,
     Submitted,
     TaskError,
+    TaskPaused,
     TrainDone,
 )
 
@@ -110,6 +116,23 @@ class RuntimeOptions:
     save_retries: int = 2
     # Called after every committed step with its steps.jsonl record and stats.
     on_step: Callable[[dict[str, Any], dict[str, float]], None] | None = None
+    # Called (from the dispatcher) when a task starts its first rollout here
+    # ("running"), is held by admission ("held", reason kv|cap|barrier|turn),
+    # pauses, or ends ("done", "failed", "cancelled"), with a reason.
+    on_status: Callable[[str, str, str], None] | None = None
+    # Called after a new version is live on the server.
+    on_publish: Callable[[str, int], None] | None = None
+    # Tasks that may exist at once (thread pool size); 0 = the tasks given.
+    max_tasks: int = 0
+    # A task that ended leaves the trainer and the server (the job service).
+    release_finished: bool = False
+
+
+@dataclass(frozen=True)
+class _Add:
+    """A task that arrives while the runtime runs."""
+
+    task: TaskRun
 
 
 class Runtime:
@@ -133,12 +156,41 @@ class Runtime:
             task_retries=opts.task_retries,
         )
         self.events: queue.Queue = queue.Queue()
-        self._workers = ThreadPoolExecutor(len(tasks) + 1, "marlaas-task")
+        self._workers = ThreadPoolExecutor(
+            max(opts.max_tasks, len(tasks)) + 1, "marlaas-task"
+        )
         self._trainer = ThreadPoolExecutor(1, "marlaas-trainer")
         self.started_at = 0.0
         self.rejected: dict[str, str] = {}  # tasks refused at submission
         self.holds = 0
         self.kv_peak_reported = 0
+        self._started: set[str] = set()  # tasks that began rolling out here
+        self._busy_since: float | None = None
+        self.train_busy_s = 0.0  # trainer busy time, for utilization gauges
+
+    # -- the job service's door: thread-safe, applied by the dispatcher ----------
+    def add(self, task: TaskRun) -> None:
+        """Run ``task`` too (it joins the running core; admission decides when)."""
+        self.events.put(_Add(task))
+
+    def cancel(self, task: str, reason: str = "cancelled") -> None:
+        self.events.put(Cancel(task, reason))
+
+    def pause(self, task: str) -> None:
+        self.events.put(Pause(task))
+
+    def resume(self, task: str) -> None:
+        self.events.put(Resume(task))
+
+    def on_trainer(self, fn: Callable, *args) -> Future:
+        """Run ``fn`` on the trainer's thread (between training steps): adding a
+        task to the engine must never overlap a step of another."""
+        return self._trainer.submit(fn, *args)
+
+    def in_flight(self) -> list[str]:
+        """Tasks with a phase running (a drain waits for none)."""
+        busy = (Phase.ROLLOUT, Phase.QUEUED, Phase.TRAIN, Phase.PUBLISH)
+        return [n for n, t in self.core.tasks.items() if t.phase in busy]
 
     # -- loop -------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -156,26 +208,79 @@ class Runtime:
             self._dispatch_all(actions)
         try:
             while self.core.tasks and not self.core.finished():
-                self._dispatch_all(self.core.handle(self._next_event()))
+                self._handle(self._next_event())
         finally:
             self._workers.shutdown(wait=True)
             self._trainer.shutdown(wait=True)
         return self.summary(time.time() - self.started_at)
 
-    def _next_event(self):
+    def serve(self, stop: threading.Event, poll_s: float = 0.5) -> dict[str, Any]:
+        """Run until ``stop`` is set, taking tasks as they arrive (``add``); then
+        drain: every task stops after its current step is committed and
+        published, and nothing is left in flight (a restart resumes from there)."""
+        self.started_at = time.time()
+        draining = False
+        try:
+            while True:
+                if stop.is_set() and not draining:
+                    draining = True
+                    for name, t in self.core.tasks.items():
+                        if t.active:
+                            self._dispatch_all(self.core.handle(Pause(name)))
+                if draining and not self.in_flight():
+                    break
+                event = self._next_event(wait_s=poll_s)
+                if event is not None:
+                    self._handle(event)
+        finally:
+            self._workers.shutdown(wait=True)
+            self._trainer.shutdown(wait=True)
+        return self.summary(time.time() - self.started_at)
+
+    def _handle(self, event) -> None:
+        if isinstance(event, _Add):
+            t = event.task
+            self.tasks[t.name] = t
+            t.submitted_at = t.ready_at = time.time()
+            try:
+                actions = self.core.handle(
+                    Submitted(
+                        t.name, t.total_steps, t.start_version, t.kv_bytes, t.priority
+                    )
+                )
+            except AdmissionError as e:
+                self._reject(t, str(e))
+                if self.options.on_status is not None:
+                    self.options.on_status(t.name, "failed", str(e))
+                return
+            self._dispatch_all(actions)
+            return
+        self._dispatch_all(self.core.handle(event))
+
+    def _next_event(self, wait_s: float | None = None):
         """The next event; while none arrives, the server's KV usage every
-        ``kv_poll_interval_s`` (a probe that cannot read it just waits again)."""
+        ``kv_poll_interval_s`` (a probe that cannot read it just waits again).
+        With ``wait_s``, None when nothing came within it."""
         probe = self.options.kv_probe
+        deadline = None if wait_s is None else time.monotonic() + wait_s
         while True:
             if probe is None:
-                return self.events.get()
+                try:
+                    return self.events.get(timeout=wait_s)
+                except queue.Empty:
+                    return None
+            timeout = self.options.kv_poll_interval_s
+            if deadline is not None:
+                timeout = max(0.0, min(timeout, deadline - time.monotonic()))
             try:
-                return self.events.get(timeout=self.options.kv_poll_interval_s)
+                return self.events.get(timeout=timeout)
             except queue.Empty:
                 used = probe()
             if used is not None:
                 self.kv_peak_reported = max(self.kv_peak_reported, used)
                 return KVUsage(used)
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
     def _reject(self, t: TaskRun, reason: str) -> None:
         logger.error(f"task {t.name} rejected: {reason}")
@@ -204,24 +309,42 @@ class Runtime:
         for action in actions:
             self._dispatch(action)
 
+    def _status(self, task: str, status: str, reason: str = "") -> None:
+        if self.options.on_status is not None:
+            try:
+                self.options.on_status(task, status, reason)
+            except Exception:  # a listener's bug must not stop the dispatcher
+                logger.exception(f"on_status({task}, {status}) failed")
+
     def _dispatch(self, action: Action) -> None:
         if isinstance(action, StartRollout):
             self._admission(action.task, action.version, "admit")
+            if action.task not in self._started:
+                self._started.add(action.task)
+                self._status(action.task, "running")
             self._workers.submit(self._guard, action.task, self._rollout, action)
         elif isinstance(action, HoldRollout):
             self.holds += 1
             self._admission(action.task, action.version, "hold", action.reason)
+            self._status(action.task, "held", action.reason)
         elif isinstance(action, StartTrain):
             self._trainer.submit(self._guard, action.task, self._train, action)
         elif isinstance(action, StartPublish):
             self._workers.submit(self._guard, action.task, self._publish, action)
+        elif isinstance(action, TaskPaused):
+            self.store.record(
+                {"task": action.task, "status": "paused", "version": action.version}
+                | {"t": time.time()}
+            )
+            self._status(action.task, "paused")
         elif isinstance(action, FinishTask):
             state = "failed" if action.failed else "done"
+            state = "cancelled" if action.cancelled else state
             if action.failed:
                 self.tasks[action.task].error = action.reason
                 logger.error(f"task {action.task} failed: {action.reason}")
             else:
-                logger.info(f"task {action.task} done")
+                logger.info(f"task {action.task} {state}")
             self.store.record(
                 {
                     "task": action.task,
@@ -230,6 +353,26 @@ class Runtime:
                     "t": time.time(),
                 }
             )
+            self._status(action.task, state, action.reason)
+            if self.options.release_finished:
+                self._release(action.task)
+
+    def _release(self, task: str) -> None:
+        """The task left: its trainer slot (on the trainer thread, after whatever
+        it is doing) and its adapter on the server go; so do its rows."""
+        t = self.tasks[task]
+        t.batch = None
+        if hasattr(self.trainer, "remove_task"):
+            self._trainer.submit(self._quietly, self.trainer.remove_task, task)
+        if hasattr(self.rollout, "remove_task"):
+            self._workers.submit(self._quietly, self.rollout.remove_task, task)
+
+    @staticmethod
+    def _quietly(fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            logger.exception(f"{getattr(fn, '__name__', fn)}{args} failed")
 
     def _guard(self, task: str, fn, action) -> None:
         try:
@@ -281,6 +424,14 @@ class Runtime:
     def _train(self, a: StartTrain) -> TrainDone:
         t = self.tasks[a.task]
         start = time.time()
+        self._busy_since = start
+        try:
+            return self._train_step(a, t, start)
+        finally:
+            self.train_busy_s += time.time() - start
+            self._busy_since = None
+
+    def _train_step(self, a: StartTrain, t: TaskRun, start: float) -> TrainDone:
         self.store.event(a.task, a.version, "queue", t.rollout_end, start)
         batch, t.batch = t.batch, None
         rewards = trajectory.rewards(batch)
@@ -303,6 +454,7 @@ class Runtime:
             "reward_mean": float(rewards.mean()),
             "staleness_max": staleness,
             "n_trajectories": int(rewards.numel()),
+            "trained_tokens": trajectory.generated_tokens(batch),
             "queue_wait_s": start - t.rollout_end,
             "train_s": end - start,
             "t_commit": end,
@@ -310,6 +462,9 @@ class Runtime:
             "grad_norm": stats.get(f"marlaas/{a.task}/ppo_actor/update/grad_norm"),
             **audit,
         }
+        reasons = trajectory.reward_reasons(batch)
+        if reasons:
+            record["reward_reasons"] = reasons
         # The step line goes first: a crash between the two leaves a line newer
         # than state.json, which a resumed store drops (never a missing line).
         self.store.step(record)
@@ -318,7 +473,8 @@ class Runtime:
         t.commits.append(end)
         t.rewards.append(float(rewards.mean()))
         if self.options.on_step is not None:
-            self.options.on_step(record, stats)
+            # Committed already: a listener's failure must not undo the step.
+            self._quietly(self.options.on_step, record, stats)
         return TrainDone(a.task, new)
 
     def _save(self, task: str, version: int, folder: str) -> None:
@@ -353,6 +509,8 @@ class Runtime:
         t = self.tasks[a.task]
         t.ready_at = time.time()
         self.store.event(a.task, a.version, "publish", start, t.ready_at)
+        if self.options.on_publish is not None:
+            self._quietly(self.options.on_publish, a.task, a.version)
         # Bounded retention: the newest K commits, never the one now served.
         self.store.retain_adapters(a.task, self.options.keep_adapters, served=a.version)
         return PublishDone(a.task, a.version)

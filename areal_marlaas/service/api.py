@@ -17,8 +17,9 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
+from areal_marlaas.config.service import ServiceConfig
+from areal_marlaas.graders import GradingContext
 from areal_marlaas.service.auth import require_admin
-from areal_marlaas.service.config import ServiceConfig
 from areal_marlaas.service.deps import AppState, state
 from areal_marlaas.service.errors import (
     NO_RETRY,
@@ -26,10 +27,11 @@ from areal_marlaas.service.errors import (
     error_response,
     install_error_handlers,
 )
-from areal_marlaas.service.grading import default_grader_validator
+from areal_marlaas.service.grading import service_grader_validator
 from areal_marlaas.service.metrics import ServiceMetrics
 from areal_marlaas.service.router import ModelRouter
 from areal_marlaas.service.routes_files import MULTIPART_OVERHEAD, files_router
+from areal_marlaas.service.routes_graders import graders_router
 from areal_marlaas.service.routes_jobs import jobs_router
 from areal_marlaas.service.routes_models import models_router
 from areal_marlaas.service.store import JobStore
@@ -44,11 +46,13 @@ def create_app(
     router: ModelRouter | None = None,
     grader_validator: Callable[[dict], None] | None = None,
     metrics: ServiceMetrics | None = None,
+    grading: GradingContext | None = None,
 ) -> FastAPI:
     """The API app. ``router`` enables the inference proxy (None: 503);
-    ``grader_validator`` checks a job's grader (default: string_check and the
-    ``service.grader_kinds`` marlaas kinds); pass the ``metrics`` object the
-    scheduler also reports to (default: a new one)."""
+    ``grader_validator`` checks a job's grader (default: the graders module with
+    ``grading`` and the ``service.grader_kinds`` marlaas kinds); pass the
+    ``metrics`` object the scheduler also reports to (default: a new one)."""
+    grading = grading or GradingContext()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -69,14 +73,17 @@ def create_app(
         cfg=cfg,
         store=store,
         router=router,
-        grader_validator=grader_validator or default_grader_validator(cfg.grader_kinds),
+        grader_validator=grader_validator
+        or service_grader_validator(cfg.grader_kinds, grading),
         metrics=metrics or ServiceMetrics(store),
+        grading=grading,
     )
     app.state.started = time.time()
     install_error_handlers(app)
     app.include_router(files_router(cfg))
     app.include_router(jobs_router())
     app.include_router(models_router())
+    app.include_router(graders_router())
 
     @app.get("/health")
     def health():

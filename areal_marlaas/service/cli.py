@@ -15,8 +15,27 @@ from __future__ import annotations
 import argparse
 import sys
 
+from areal_marlaas.config.service import ServiceConfig, ServiceRunConfig
 from areal_marlaas.errors import ConfigError
-from areal_marlaas.service.config import ServiceConfig, load_service_config
+
+
+def load_service_config(
+    config_file: str | None, overrides: list[str]
+) -> ServiceRunConfig:
+    """The whole service config, through the project loader (so these commands
+    read the same store as ``marlaas service --config X.yaml`` with the same
+    overrides); without --config, the defaults plus the overrides."""
+    import tempfile
+    from pathlib import Path
+
+    from areal_marlaas.config import load_config
+
+    if config_file is None:
+        empty = Path(tempfile.mkdtemp(prefix="marlaas-service-")) / "service.yaml"
+        empty.write_text("{}\n")
+        config_file = str(empty)
+    cfg, _ = load_config(["--config", config_file, *overrides], ServiceRunConfig)
+    return cfg
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, rest = _parser().parse_known_args(argv)
     try:
-        cfg = load_service_config(getattr(args, "config", None), rest)
+        cfg = load_service_config(getattr(args, "config", None), rest).service
     except ConfigError as e:
         print(f"marlaas service: error: {e}", file=sys.stderr)
         return 2

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from areal_marlaas.config.service import ServiceConfig
+from areal_marlaas.graders import GradingContext
 from areal_marlaas.service.auth import authenticate
-from areal_marlaas.service.config import ServiceConfig
 from areal_marlaas.service.metrics import ServiceMetrics
 from areal_marlaas.service.models import Tenant
 from areal_marlaas.service.router import ModelRouter
@@ -22,6 +23,7 @@ class AppState:
     router: ModelRouter | None
     grader_validator: Callable[[dict], None]
     metrics: ServiceMetrics
+    grading: GradingContext
 
 
 def state(request: Request) -> AppState:

@@ -1,76 +1,95 @@
-"""The default grader check for job creation (the graders module replaces it).
+"""Graders for service jobs: OpenAI's types (``areal_marlaas.graders``) plus the
+operator's ``{"type": "marlaas", "kind": K}``, which scores with a built-in task
+kind's reward (and, for a kind with its own workflow, rolls out with it).
 
-A grader validator is ``Callable[[dict], None]``: it returns on a grader the service
-can run and raises :class:`GraderError` (a ``ValueError`` with ``.param``, the dotted
-path of the bad field *inside the grader*, e.g. ``operation``) otherwise. The API
-reports it as ``method.reinforcement.grader.<param>``.
-
-Accepted here: OpenAI's ``string_check`` and ``{"type": "marlaas", "kind": K}``
-for a built-in task kind K the operator lists in ``service.grader_kinds``.
+Tenants choose among what the operator lists in ``service.grader_kinds``; they
+never name an import path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-STRING_CHECK_OPERATIONS = ("eq", "ne", "like", "ilike")
+from areal.utils.dynamic_import import import_from_string
 
+from areal_marlaas.graders import (
+    ExtensionGrader,
+    GraderError,
+    GradingContext,
+    MultiGrader,
+    register_grader_type,
+    validate_grader,
+)
+from areal_marlaas.tasks import KINDS
 
-class GraderError(ValueError):
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
-
-def default_grader_validator(kinds: list[str]) -> Callable[[dict], None]:
-    allowed = tuple(kinds)
-
-    def validate(spec: dict) -> None:
-        if not isinstance(spec, dict):
-            raise GraderError("The grader must be an object with a 'type'.")
-        gtype = spec.get("type")
-        if gtype == "string_check":
-            _string_check(spec)
-        elif gtype == "marlaas":
-            _marlaas(spec, allowed)
-        else:
-            raise GraderError(
-                f"Unsupported grader type {gtype!r}; this service accepts "
-                "'string_check' and 'marlaas'.",
-                "type",
-            )
-
-    return validate
+MARLAAS = "marlaas"
+# This module registers the type when imported: list it in
+# GradingContext.extension_modules so reward workers know it too.
+EXTENSION_MODULE = __name__
 
 
-def _unknown(spec: dict, known: set[str]) -> None:
-    extra = sorted(set(spec) - known)
+def _parse(spec: dict, param: str) -> dict[str, Any]:
+    extra = sorted(set(spec) - {"type", "name", "kind"})
     if extra:
         raise GraderError(
-            f"Unknown field(s) {extra} in a {spec['type']} grader.", extra[0]
+            f"{param}.{extra[0]}: unknown field in a marlaas grader (it takes "
+            "name and kind).",
+            f"{param}.{extra[0]}",
         )
-
-
-def _string_check(spec: dict) -> None:
-    _unknown(spec, {"type", "name", "input", "reference", "operation"})
-    for key in ("name", "input", "reference"):
-        if not isinstance(spec.get(key), str):
-            raise GraderError(f"string_check needs '{key}', a string.", key)
-    if spec.get("operation") not in STRING_CHECK_OPERATIONS:
-        raise GraderError(
-            f"string_check operation must be one of {list(STRING_CHECK_OPERATIONS)}, "
-            f"got {spec.get('operation')!r}.",
-            "operation",
-        )
-
-
-def _marlaas(spec: dict, allowed: tuple[str, ...]) -> None:
-    _unknown(spec, {"type", "name", "kind"})
     if "name" in spec and not isinstance(spec["name"], str):
-        raise GraderError("marlaas grader 'name' must be a string.", "name")
-    if spec.get("kind") not in allowed:
+        raise GraderError(f"{param}.name must be a string.", f"{param}.name")
+    kind = spec.get("kind")
+    if kind not in KINDS:
         raise GraderError(
-            f"marlaas grader kind must be one of {list(allowed)}, got "
-            f"{spec.get('kind')!r}.",
-            "kind",
+            f"{param}.kind must be one of {sorted(KINDS)}, got {kind!r}.",
+            f"{param}.kind",
         )
+    return {"kind": kind, "reward_fn": KINDS[kind].reward_fn}
+
+
+def _run(config: dict[str, Any], sample: dict, item: dict, ctx) -> float:
+    fn = import_from_string(config["reward_fn"])
+    row = {k: v for k, v in item.items() if k not in ("prompt", "completions")}
+    return float(fn("", sample.get("output_text", ""), None, None, **row))
+
+
+register_grader_type(MARLAAS, _parse, _run)
+
+
+def marlaas_kind(grader: dict) -> str | None:
+    """The kind of a top-level marlaas grader (it decides the job's task kind)."""
+    return grader.get("kind") if grader.get("type") == MARLAAS else None
+
+
+def service_grader_validator(
+    kinds: list[str], ctx: GradingContext
+) -> Callable[[dict], None]:
+    """Raise ``GraderError`` (``.param`` a dotted path under
+    ``method.reinforcement.grader``) for a grader this service cannot run."""
+    allowed = set(kinds)
+    where = "method.reinforcement.grader"
+
+    def check_kinds(grader, param: str) -> None:
+        if isinstance(grader, MultiGrader):
+            for key, sub in grader.graders.items():
+                if isinstance(sub, ExtensionGrader) and sub.type_name == MARLAAS:
+                    raise GraderError(
+                        f"{param}.graders.{key}: a marlaas grader selects the job's "
+                        "task kind; use it as the job's only grader.",
+                        f"{param}.graders.{key}.type",
+                    )
+                check_kinds(sub, f"{param}.graders.{key}")
+        elif isinstance(grader, ExtensionGrader) and grader.type_name == MARLAAS:
+            if grader.config["kind"] not in allowed:
+                raise GraderError(
+                    f"{param}.kind: this service grades kinds {sorted(allowed)}, "
+                    f"got {grader.config['kind']!r}.",
+                    f"{param}.kind",
+                )
+
+    def validate(spec: dict) -> None:
+        grader = validate_grader(spec, ctx, param=where)
+        check_kinds(grader, where)
+
+    return validate

@@ -7,7 +7,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from starlette.datastructures import UploadFile
 
-from areal_marlaas.service.config import ServiceConfig
+from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.service.deps import state, tenant_of
 from areal_marlaas.service.errors import APIError, bad_request
 from areal_marlaas.service.models import Tenant

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import uvicorn
 from areal.utils import logging
 
+from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.service.api import create_app
-from areal_marlaas.service.config import ServiceConfig
 from areal_marlaas.service.metrics import ServiceMetrics
 from areal_marlaas.service.router import ModelRouter
 from areal_marlaas.service.store import JobStore
@@ -65,11 +65,12 @@ def run_api(
     grader_validator: Callable[[dict], None] | None = None,
     metrics: ServiceMetrics | None = None,
     *,
+    grading=None,
     startup_timeout_s: float = 30.0,
 ) -> ApiServer:
     """Start serving on ``cfg.host:cfg.port`` and return once it accepts
     connections (raises if it cannot bind)."""
-    app = create_app(cfg, store, router, grader_validator, metrics)
+    app = create_app(cfg, store, router, grader_validator, metrics, grading)
     config = uvicorn.Config(
         app,
         host=cfg.host,

@@ -1092,6 +1092,15 @@ class JobStore:
             raise NotFound("file", str(fid))
         return self.file_path(f)
 
+    def checkpoint_steps(self, job_id: str) -> set[int]:
+        """Step numbers the job has checkpoints for (restart reconciliation)."""
+        with self._read() as s:
+            return set(
+                s.scalars(
+                    select(Checkpoint.step_number).where(Checkpoint.job_id == job_id)
+                )
+            )
+
     def job_counts(self) -> dict[tuple[str, str], int]:
         """``(tenant_id, status) -> jobs``, for metrics."""
         with self._read() as s:

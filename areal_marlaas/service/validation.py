@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from areal_marlaas.service.config import ServiceConfig
+from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.service.errors import bad_request
 
 CREATE_FIELDS = {

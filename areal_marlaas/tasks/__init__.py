@@ -15,6 +15,8 @@ from areal_marlaas.errors import ConfigError
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
 from areal_marlaas.tasks.competition_math import load_math_rows
 from areal_marlaas.tasks.gsm8k import load_gsm8k_rows
+from areal_marlaas.tasks.messages import load_messages_rows
+from areal_marlaas.tasks.records import read_records
 from areal_marlaas.tasks.search import SCORER_REWARD_FNS, load_hotpotqa_rows
 
 if TYPE_CHECKING:
@@ -88,10 +90,18 @@ KINDS: dict[str, TaskKind] = {
 
 
 def load_task_rows(spec: TaskSpec) -> list[dict]:
-    """The rows of a task's dataset (raises ``ConfigError`` naming the task)."""
-    kind = KINDS[spec.kind]
+    """The rows of a task's dataset (raises ``ConfigError`` naming the task):
+    chat-prompt lines as they are (``dataset.format=messages``), else the kind's
+    loader, else the file's records for a custom workflow."""
     try:
-        rows = kind.load(spec)
+        if spec.dataset.format == "messages":
+            rows = load_messages_rows(spec.dataset.path, spec.dataset.split)
+        elif spec.kind:
+            rows = KINDS[spec.kind].load(spec)
+        else:
+            rows = read_records(spec.dataset.path, spec.dataset.split)
+        if spec.dataset.size and (spec.dataset.format == "messages" or not spec.kind):
+            rows = rows[: spec.dataset.size]
     except FileNotFoundError as e:
         raise ConfigError(
             f"task {spec.name!r}: dataset.path {spec.dataset.path!r} not found ({e})"

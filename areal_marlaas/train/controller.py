@@ -35,6 +35,9 @@ class MultiTaskActorController(PPOActorController):
         """Free the batch's tensors on the rollout workers."""
         self.clear_batches(*batch)
 
+    def remove_task(self, name: str) -> None:
+        self._custom_function_call("remove_task", name, rpc_meta={"broadcast": True})
+
     def save_task_state(self, name: str, path: str) -> str:
         return self._custom_function_call(
             "save_task_state", name, path, rpc_meta={"broadcast": True}

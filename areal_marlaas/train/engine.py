@@ -277,6 +277,13 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
             rng=rng or _seeded_rng(seed),
         )
 
+    def remove_task(self, name: str) -> None:
+        """The task left: drop its weights, optimizer and actor. The LoRA slot
+        keeps its weights until the next task is switched in (never saved out)."""
+        if self.active == name:
+            self.active = None
+        self.slots.pop(name, None)
+
     def _fresh_weights(self, seed: int) -> dict[str, torch.Tensor]:
         gen = torch.Generator().manual_seed(seed)
         out = {}

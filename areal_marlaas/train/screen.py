@@ -30,10 +30,16 @@ def quiet_logs(cfg: MARLaaSConfig, log_dir: Path | None = None) -> Path:
     the screen keeps warnings and errors unless ``cfg.verbose``."""
     log_dir = log_dir or cfg.run_dir / "logs"
     if not cfg.verbose:
-        # AReaL re-applies this dict at every getLogger call, so the level sticks.
+        # AReaL re-applies this dict at every getLogger call, so new loggers get
+        # the level; the ones already made keep their own handlers (each call
+        # makes a new logging manager), so those are quieted one by one.
         for name in _CONSOLE_HANDLERS:
             areal_logging.log_config["handlers"][name]["level"] = "WARNING"
         logging.config.dictConfig(areal_logging.log_config)
+        for made in list(areal_logging._created_loggers.values()):
+            for handler in made.handlers:
+                if not isinstance(handler, logging.FileHandler):
+                    handler.setLevel(logging.WARNING)
     areal_logging.setup_file_logging(str(log_dir))
     return log_dir
 
@@ -46,7 +52,13 @@ def bar(done: int, total: int, width: int = BAR) -> str:
 class Screen:
     """Prints to stdout (not through a logger, so quiet logs never hide it)."""
 
-    def __init__(self, cfg: MARLaaSConfig, run_dir: Path, stream=None):
+    def __init__(
+        self,
+        cfg: MARLaaSConfig,
+        run_dir: Path,
+        stream=None,
+        title: str = "marlaas train",
+    ):
         self.cfg = cfg
         self.run_dir = run_dir
         self.stream = stream or sys.stdout
@@ -55,7 +67,7 @@ class Screen:
         self.commits = 0
         self._lock = threading.Lock()
         self.print(
-            f"marlaas train: {len(cfg.tasks)} task(s), mode {cfg.scheduler.mode}, "
+            f"{title}: {len(cfg.tasks)} task(s), mode {cfg.scheduler.mode}, "
             f"scheduler {cfg.scheduler.type or 'in-process'}; logs in "
             f"{run_dir / 'logs'}"
         )

@@ -70,6 +70,7 @@ def add_tenant(
     cfg: MARLaaSConfig,
     kv: KVModel | None = None,
     resume: bool = False,
+    grading: dict | None = None,
 ) -> TaskRun:
     """Give ``spec`` its state on the trainer, commit its v0 adapter, and return
     what the runtime needs to run it (``engine``: the FSDP actor or its handle).
@@ -107,7 +108,7 @@ def add_tenant(
     else:
         engine.save_adapter(spec.name, str(store.adapter_dir(spec.name, 0)))
         store.commit(spec.name, 0, {"cursor": 0, "steps": 0})
-    workflow, kwargs = task_workflow(spec, cfg.tokenizer_path, cfg.fault)
+    workflow, kwargs = task_workflow(spec, cfg.tokenizer_path, cfg.fault, grading)
     data = TaskData(
         rows,
         spec.seed,
@@ -144,6 +145,8 @@ def fit_threads_to_cores(cfg: MARLaaSConfig) -> None:
 
 
 class MultiTaskTrainer:
+    title = "marlaas train"  # the screen's first line
+
     def __init__(self, cfg: MARLaaSConfig, task_errors: dict[str, str] | None = None):
         """``task_errors``: tasks that already failed their checks (they are
         reported failed; the others run)."""
@@ -156,7 +159,7 @@ class MultiTaskTrainer:
         self.session: RolloutSession | None = None
         self.timings: dict[str, float] = {}
         self.kv = KVModel.for_config(cfg)
-        self.screen = screen.Screen(cfg, self.store.root)
+        self.screen = screen.Screen(cfg, self.store.root, title=self.title)
 
     def _init_scheduler(self):
         """AReaL's single-controller scheduler, or None for in-process engines."""

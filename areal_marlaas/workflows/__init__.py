@@ -25,7 +25,10 @@ def workflow_path(task: TaskSpec) -> str:
 
 
 def task_workflow(
-    task: TaskSpec, tokenizer_path: str, fault: FaultToleranceConfig | None = None
+    task: TaskSpec,
+    tokenizer_path: str,
+    fault: FaultToleranceConfig | None = None,
+    grading: dict | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """Import path + constructor kwargs of the task's workflow. The class says
     what it takes (``workflow_kwargs``); a foreign workflow gets the basics."""
@@ -33,7 +36,12 @@ def task_workflow(
     cls = import_from_string(path)
     declared = getattr(cls, "workflow_kwargs", None)
     if declared is not None:
-        return path, declared(task, tokenizer_path, fault)
+        return path, declared(task, tokenizer_path, fault, grading)
+    if task.grader is not None:
+        raise ValueError(
+            f"task {task.name}: {path} does not take a grader (only the plugin's "
+            "workflows do); give it a reward_fn"
+        )
     if fault is not None and fault.deterministic:
         logger.warning(
             f"task {task.name}: fault.deterministic seeds only the plugin's "

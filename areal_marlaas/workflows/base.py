@@ -35,6 +35,15 @@ def base_kwargs(task: TaskSpec, tokenizer_path: str) -> dict[str, Any]:
     }
 
 
+def grader_reward(grader: dict | None, grading: dict | None, reward_fn: Any) -> Any:
+    """The reward a workflow scores with: the task's grader when it has one."""
+    if grader is None:
+        return reward_fn
+    from areal_marlaas.graders import GraderReward
+
+    return GraderReward(grader, grading)
+
+
 class TaskWorkflow:
     """Mixin of the plugin's workflows: they are bound to one task."""
 
@@ -44,8 +53,13 @@ class TaskWorkflow:
         task: TaskSpec,
         tokenizer_path: str,
         fault: FaultToleranceConfig | None = None,
+        grading: dict | None = None,
     ) -> dict[str, Any]:
+        """``grading``: the graders' environment (``GradingContext.to_dict()``)."""
         kwargs = base_kwargs(task, tokenizer_path)
         if fault is not None and fault.deterministic:
             kwargs["sampling_seed"] = task.seed
+        if task.grader is not None:
+            kwargs["grader"] = dict(task.grader)
+            kwargs["grading"] = grading
         return kwargs

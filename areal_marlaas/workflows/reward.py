@@ -12,10 +12,12 @@ good episode fails the task's rollout, which the scheduler retries or fails.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import math
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
@@ -102,4 +104,30 @@ class IsolatedReward:
             ) from None
         if not math.isfinite(reward):
             raise RewardError(f"task {self.task!r}: reward_fn returned {reward}")
+        reason = getattr(value, "reason", "")
+        if reason:  # a grader's Score: keep why it scored what it did
+            record_reward_reason(reason)
         return reward
+
+
+# Why samples of the episode running in this asyncio task scored as they did (a
+# grader's errors), for the job's events; see ``collect_reward_reasons``.
+_REASONS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "marlaas_reward_reasons", default=None
+)
+
+
+@contextlib.contextmanager
+def collect_reward_reasons() -> Iterator[list[str]]:
+    reasons: list[str] = []
+    token = _REASONS.set(reasons)
+    try:
+        yield reasons
+    finally:
+        _REASONS.reset(token)
+
+
+def record_reward_reason(reason: str) -> None:
+    reasons = _REASONS.get()
+    if reasons is not None:
+        reasons.append(reason)

@@ -13,8 +13,8 @@ from transformers import PreTrainedTokenizerFast
 
 from areal_marlaas.rollout.seeding import seeded_sampling
 from areal_marlaas.trajectory import collect_served_adapters, generated_versions
-from areal_marlaas.workflows.base import TaskWorkflow
-from areal_marlaas.workflows.reward import IsolatedReward
+from areal_marlaas.workflows.base import TaskWorkflow, grader_reward
+from areal_marlaas.workflows.reward import IsolatedReward, collect_reward_reasons
 
 if TYPE_CHECKING:
     from areal_marlaas.config import FaultToleranceConfig, TaskSpec
@@ -41,8 +41,11 @@ class MultiTaskRLVRWorkflow(TaskWorkflow, RLVRWorkflow):
         reward_timeout_s: float | None = None,
         reward_workers: int = 2,
         sampling_seed: int | None = None,
+        grader: dict | None = None,
+        grading: dict | None = None,
         **kwargs: Any,
     ):
+        reward_fn = grader_reward(grader, grading, reward_fn)
         super().__init__(
             reward_fn,
             gconfig.new(lora_name=task),
@@ -72,15 +75,20 @@ class MultiTaskRLVRWorkflow(TaskWorkflow, RLVRWorkflow):
         task: TaskSpec,
         tokenizer_path: str,
         fault: FaultToleranceConfig | None = None,
+        grading: dict | None = None,
     ) -> dict[str, Any]:
-        kwargs = super().workflow_kwargs(task, tokenizer_path, fault)
+        kwargs = super().workflow_kwargs(task, tokenizer_path, fault, grading)
         if fault is not None:
             kwargs["reward_timeout_s"] = task.reward_timeout_s or fault.reward_timeout_s
             kwargs["reward_workers"] = fault.reward_workers
         return kwargs
 
     async def arun_episode(self, engine, data: dict[str, Any]) -> dict[str, Any] | None:
-        with seeded_sampling(self.sampling_seed), collect_served_adapters() as served:
+        with (
+            seeded_sampling(self.sampling_seed),
+            collect_served_adapters() as served,
+            collect_reward_reasons() as reasons,
+        ):
             traj = await super().arun_episode(engine, data)
         versions = generated_versions(traj)
         if len(versions) != 1:
@@ -92,4 +100,5 @@ class MultiTaskRLVRWorkflow(TaskWorkflow, RLVRWorkflow):
         stats_tracker.get(scope).scalar(reward=float(traj["rewards"].item()))
         traj["task"] = self.task
         traj["served_adapters"] = list(served)
+        traj["reward_reasons"] = list(reasons)
         return traj

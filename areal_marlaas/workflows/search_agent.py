@@ -46,7 +46,7 @@ from areal_marlaas.tasks.search import (
     get_index,
 )
 from areal_marlaas.trajectory import collect_served_adapters, generated_versions
-from areal_marlaas.workflows.base import TaskWorkflow
+from areal_marlaas.workflows.base import TaskWorkflow, grader_reward
 
 if TYPE_CHECKING:
     from areal_marlaas.config import FaultToleranceConfig, TaskSpec
@@ -120,7 +120,10 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
         response_prefix: str = "",
         enable_thinking: bool = False,
         sampling_seed: int | None = None,
+        grader: dict | None = None,
+        grading: dict | None = None,
     ):
+        reward_fn = grader_reward(grader, grading, reward_fn)
         if isinstance(tokenizer, str):
             tokenizer = load_hf_tokenizer(tokenizer)
         self.tokenizer = tokenizer
@@ -159,10 +162,11 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
         task: TaskSpec,
         tokenizer_path: str,
         fault: FaultToleranceConfig | None = None,
+        grading: dict | None = None,
     ) -> dict[str, Any]:
         s = task.search
         return {
-            **super().workflow_kwargs(task, tokenizer_path, fault),
+            **super().workflow_kwargs(task, tokenizer_path, fault, grading),
             # Absolute: rollout workers may run in another working directory.
             "corpus_path": str(Path(s.corpus_path).expanduser().resolve()),
             "top_k": s.top_k,

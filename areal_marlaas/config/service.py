@@ -1,9 +1,6 @@
-"""The job service's settings: where it keeps its state, what it serves, and the
-limits and defaults it applies to tenants' jobs.
-
-Read from the ``service:`` section of the main YAML (``service.port=9000``-style
-overrides); the integrator moves this dataclass into the project config later.
-"""
+"""``marlaas service`` settings: where it keeps its state, what it serves, the
+limits and defaults it applies to tenants' jobs (``service.*``), and how jobs are
+graded (``grading.*``)."""
 
 from __future__ import annotations
 
@@ -11,7 +8,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from areal_marlaas.config.run import MARLaaSConfig
 from areal_marlaas.errors import ConfigError
+from areal_marlaas.graders.context import GradingContext
 from areal_marlaas.paths import DEFAULT_MODEL_NAME, cache_dir
 
 # Built-in task kinds a `{"type": "marlaas", "kind": ...}` grader may name
@@ -140,6 +139,31 @@ class ServiceConfig:
         default=False,
         metadata={"help": "Serve /metrics without the admin key."},
     )
+    max_new_tokens: int = field(
+        default=128,
+        metadata={"help": "Generation cap of a job's rollouts (tokens per sample)."},
+    )
+    max_prompt_tokens: int = field(
+        default=512,
+        metadata={
+            "help": "Longest prompt of a training line, in tokens; longer lines "
+            "are skipped (and counted in the job's events)."
+        },
+    )
+    temperature: float = field(
+        default=1.0, metadata={"help": "Sampling temperature of jobs' rollouts."}
+    )
+    poll_interval_s: float = field(
+        default=0.5,
+        metadata={
+            "help": "How often the scheduler side reads new jobs and cancel / "
+            "pause / resume requests from the store."
+        },
+    )
+    max_tasks: int = field(
+        default=64,
+        metadata={"help": "Jobs the scheduler holds at once (running or waiting)."},
+    )
 
     def __post_init__(self):
         if not isinstance(self.host, str) or not self.host:
@@ -153,7 +177,16 @@ class ServiceConfig:
                 "service.base_learning_rate must be > 0, got "
                 f"{self.base_learning_rate}."
             )
+        if not self.temperature > 0 or self.temperature > 2:
+            raise ConfigError(
+                f"service.temperature must be in (0, 2], got {self.temperature}."
+            )
+        if not self.poll_interval_s > 0:
+            raise ConfigError("service.poll_interval_s must be > 0.")
         at_least_one = {
+            "max_new_tokens": self.max_new_tokens,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "max_tasks": self.max_tasks,
             "max_running_jobs": self.max_running_jobs,
             "max_queued_jobs": self.max_queued_jobs,
             "max_file_bytes": self.max_file_bytes,
@@ -207,46 +240,26 @@ class ServiceConfig:
         return self.root_dir / "admin_key.sha256"
 
 
-def load_service_config(
-    config_file: str | Path | None, overrides: list[str] | None = None
-) -> ServiceConfig:
-    """The ``service:`` section of a main YAML plus ``service.key=value`` overrides.
+@dataclass
+class ServiceRunConfig(MARLaaSConfig):
+    """A MARLaaS run whose tasks are tenants' jobs: no tasks in the YAML; they
+    arrive through the HTTP API."""
 
-    A stand-in until the project loader carries ``service``: it reads only that
-    section, so the rest of the YAML is not validated here.
-    """
-    from omegaconf import DictConfig, OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    needs_tasks = False
 
-    section: object = {}
-    if config_file is not None:
-        path = Path(config_file)
-        if not path.is_file():
-            raise ConfigError(f"--config: {path} does not exist.")
-        try:
-            loaded = OmegaConf.load(path)
-        except Exception as e:  # yaml errors come in many types
-            raise ConfigError(f"--config: {path} is not valid YAML: {e}") from e
-        if isinstance(loaded, DictConfig) and loaded.get("service") is not None:
-            section = loaded.service
-    dotlist = []
-    for o in overrides or []:
-        key, sep, _ = o.partition("=")
-        if not sep or not key.startswith("service."):
-            raise ConfigError(
-                f"override {o!r}: service settings look like service.<field>=<value>."
-            )
-        dotlist.append(o[len("service.") :])
-    try:
-        merged = OmegaConf.merge(
-            OmegaConf.structured(ServiceConfig),
-            section,
-            OmegaConf.from_dotlist(dotlist),
-        )
-        cfg = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None)
-        where = f" [at service.{key}]" if key else ""
-        raise ConfigError(str(e).split("\n")[0] + where) from e
-    assert isinstance(cfg, ServiceConfig)
-    return cfg
+    experiment_name: str = field(
+        default="marlaas-service",
+        metadata={"help": "The service's run directory name (jobs' adapters)."},
+    )
+    trial_name: str = field(default="service", metadata={"help": "Its trial name."})
+    service: ServiceConfig = field(
+        default_factory=ServiceConfig,
+        metadata={"help": "The HTTP API, the job store and tenants' limits."},
+    )
+    grading: GradingContext = field(
+        default_factory=GradingContext,
+        metadata={
+            "help": "Graders' environment: judge and embedding endpoints, the "
+            "python sandbox's limits."
+        },
+    )

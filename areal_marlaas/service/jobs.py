@@ -1,0 +1,128 @@
+"""What a job becomes: a task spec (one LoRA adapter, trained with GRPO on its
+grader), after its training file passed validation against its grader.
+
+A training line is ``{"messages": [... ending with a user turn], <fields>}``; the
+fields are the grader's ``item`` (``{{ item.answer }}``) and the reward function's
+keyword arguments. A ``{"type": "marlaas", "kind": K}`` grader picks a built-in
+kind: its reward (and, for an agentic kind, its workflow) with the job's lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from areal.utils.hf_utils import apply_chat_template
+
+from areal_marlaas.config import TaskDatasetConfig, TaskSpec
+from areal_marlaas.config.service import ServiceConfig
+from areal_marlaas.graders import parse_grader
+from areal_marlaas.graders.templates import Ref, Template, TemplateError, resolve
+from areal_marlaas.service.grading import marlaas_kind
+from areal_marlaas.service.models import Job
+from areal_marlaas.tasks.messages import check_messages_row
+from areal_marlaas.tasks.records import read_records
+
+# Fields a built-in kind's reward reads from each line.
+KIND_FIELDS = {"wiki_search": ("answer", "question")}
+DEFAULT_KIND_FIELDS = ("answer",)
+
+
+class JobFileError(ValueError):
+    """A training/validation file the job's grader cannot use; ``param`` names
+    the file field, the message the line and the fix."""
+
+    def __init__(self, message: str, param: str = "training_file"):
+        super().__init__(message)
+        self.param = param
+
+
+def task_spec(job: Job, svc: ServiceConfig, train_path: Path) -> TaskSpec:
+    """The job as a task: its adapter is named after the job's task name."""
+    hp = job.hyperparameters
+    grader = job.method["reinforcement"]["grader"]
+    kind = marlaas_kind(grader) or ""
+    return TaskSpec(
+        name=job.task_name,
+        kind=kind,
+        dataset=TaskDatasetConfig(path=str(train_path), format="messages"),
+        grader=None if kind else dict(grader),
+        batch_size=int(hp["batch_size"]),
+        n_samples=int(hp["group_size"]),
+        max_new_tokens=svc.max_new_tokens,
+        max_prompt_tokens=svc.max_prompt_tokens,
+        temperature=svc.temperature,
+        total_steps=int(job.steps_total),
+        lr=float(hp["learning_rate"]),
+        seed=int(job.seed or 0),
+    )
+
+
+def item_refs(obj: Any) -> list[tuple[Template, Ref]]:
+    """Every ``{{ item.* }}`` reference in a parsed grader (sub-graders too)."""
+    out: list[tuple[Template, Ref]] = []
+    if isinstance(obj, Template):
+        return [(obj, r) for r in obj.refs if r.namespace == "item"]
+    if isinstance(obj, dict):
+        for v in obj.values():
+            out += item_refs(v)
+    elif isinstance(obj, tuple | list):
+        for v in obj:
+            out += item_refs(v)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            out += item_refs(getattr(obj, f.name))
+    return out
+
+
+def check_lines(
+    path: Path, grader: dict, tokenizer, max_prompt_tokens: int, param: str
+) -> tuple[int, int]:
+    """Every line is a chat prompt whose fields the grader reads; returns (lines,
+    lines whose prompt is too long to train on). Raises ``JobFileError`` naming
+    the first bad line."""
+    try:
+        rows = read_records(str(path), "train")
+    except ValueError as e:
+        raise JobFileError(f"{param}: {e}", param) from e
+    kind = marlaas_kind(grader)
+    refs = [] if kind else item_refs(parse_grader(grader))
+    needed = KIND_FIELDS.get(kind, DEFAULT_KIND_FIELDS) if kind else ()
+    too_long = 0
+    for n, row in enumerate(rows, 1):
+        where = f"{param} line {n}"
+        try:
+            check_messages_row(row, where)
+        except ValueError as e:
+            raise JobFileError(str(e), param) from e
+        for key in needed:
+            if key not in row:
+                raise JobFileError(
+                    f"{where}: the {kind!r} grader reads the field {key!r}, which "
+                    "this line lacks; add it next to messages.",
+                    param,
+                )
+        for template, ref in refs:
+            try:
+                resolve(ref, {}, row, template.source)
+            except TemplateError:
+                raise JobFileError(
+                    f"{where}: the grader reads {ref.text}, which this line lacks "
+                    f"(template {template.source!r}); add the field next to "
+                    "messages or change the grader.",
+                    param,
+                ) from None
+        ids = apply_chat_template(
+            tokenizer, row["messages"], tokenize=True, add_generation_prompt=True
+        )
+        too_long += len(ids) > max_prompt_tokens
+    if not rows:
+        raise JobFileError(f"{param}: the file has no lines.", param)
+    if too_long == len(rows):
+        raise JobFileError(
+            f"{param}: every prompt is longer than the service's "
+            f"{max_prompt_tokens} tokens (service.max_prompt_tokens).",
+            param,
+        )
+    return len(rows), too_long

@@ -1,0 +1,480 @@
+"""``marlaas service``: one long-running process that starts the multi-LoRA vLLM
+server, the trainer (any placement ``marlaas train`` supports), the scheduler and
+the HTTP API, and runs tenants' jobs as tasks that join and leave the running
+scheduler.
+
+The job store is the seam: the API inserts requests (jobs, cancel / pause /
+resume) and reads; this runner is the only writer of progress. A poller moves
+jobs along (``validating_files -> queued``), hands queued jobs to the runtime
+(KV admission decides when they roll out: ``running`` from the first rollout),
+and applies requested actions; the runtime's callbacks record steps, checkpoints
+and endings. The run store under the service root holds the adapters and is the
+source of truth for weights: a restarted service resumes every unfinished job
+from its last committed version, and adds any checkpoint the store committed
+but the database missed.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from areal.api.io_struct import FinetuneSpec
+from areal.utils import logging
+from areal.utils.hf_utils import load_hf_tokenizer
+from areal.utils.stats_logger import StatsLogger
+
+from areal_marlaas import admission
+from areal_marlaas.config.service import ServiceRunConfig
+from areal_marlaas.metrics.runlog import task_steps
+from areal_marlaas.rollout.metrics import scrape
+from areal_marlaas.rollout.session import RolloutSession
+from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
+from areal_marlaas.service import jobs as jobspec
+from areal_marlaas.service.grading import service_grader_validator
+from areal_marlaas.service.metrics import ServiceMetrics
+from areal_marlaas.service.models import (
+    CANCELLED,
+    PAUSED,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    TERMINAL,
+    VALIDATING,
+    Job,
+)
+from areal_marlaas.service.router import VLLMModelRouter
+from areal_marlaas.service.server import run_api
+from areal_marlaas.service.store import JobStore
+from areal_marlaas.train.trainer import MultiTaskTrainer, add_tenant
+
+logger = logging.getLogger("MARLaaSServiceRunner")
+
+STEP_METRICS = (
+    "reward_mean",
+    "loss",
+    "grad_norm",
+    "logprob_gap_mean",
+    "logprob_gap_max",
+    "train_s",
+    "queue_wait_s",
+)
+
+
+@dataclass
+class Admitted:
+    """A job the runtime holds (running, waiting for admission, or paused)."""
+
+    job_id: str
+    tenant_id: str
+    task: str
+    total_steps: int
+    started: bool = False  # rolled out at least once in this process
+    waiting: bool = False  # a hold was reported
+    first_step_seen: bool = False
+    paused_by_tenant: bool = False
+    trained_tokens: int = 0
+
+
+class ServiceRunner(MultiTaskTrainer):
+    """The trainer's set-up (scheduler, FSDP engine, rollout session) with its
+    tasks coming from the job store instead of a YAML."""
+
+    title = "marlaas service"
+
+    def __init__(self, cfg: ServiceRunConfig, stop: threading.Event | None = None):
+        svc = cfg.service
+        # Adapters live under the service root (checkpoints point into it), and
+        # the run directory is never started over: jobs resume from it.
+        cfg.cluster.fileroot = str(svc.root_dir / "runs")
+        cfg.resume = True
+        super().__init__(cfg)
+        self.svc = svc
+        self.stop = stop or threading.Event()
+        self.jobs = JobStore.from_config(svc)
+        self.metrics = ServiceMetrics(self.jobs)
+        self.admitted: dict[str, Admitted] = {}  # task name -> job
+        self._lock = threading.Lock()
+        self.runtime: Runtime | None = None
+        self.api = None
+        self.tokenizer = None
+        self.draining = False
+        self._busy_mark = (time.monotonic(), 0.0)
+
+    # -- lifecycle ----------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        poller = None
+        try:
+            self.scheduler = self._init_scheduler()
+            self._pin_trainer()
+            self.screen.phase("starting the trainer")
+            self.engine = self._build_trainer()
+            self.screen.phase("starting the rollout server")
+            self.session = RolloutSession(cfg, self.store.root)
+            rollout = self.session.start(self.scheduler)
+            self.rollout = self.session.supervise(rollout, on_restart=self._on_restart)
+            self.tokenizer = load_hf_tokenizer(cfg.tokenizer_path)
+            self.runtime = Runtime(
+                [], self.rollout, self.engine, self.store, self._options()
+            )
+            self.stats_logger = StatsLogger(cfg, FinetuneSpec(1, 10**6, 1))
+            self._reconcile()
+            address = self.session.addresses[0]
+            router = VLLMModelRouter(
+                self.jobs,
+                address,
+                self.svc.base_model,
+                cfg.vllm.model,
+                self.svc.inference_adapters,
+            )
+            self.api = run_api(
+                self.svc,
+                self.jobs,
+                router,
+                service_grader_validator(self.svc.grader_kinds, cfg.grading),
+                self.metrics,
+                grading=cfg.grading,
+            )
+            self.screen.phase(f"serving the API on {self.api.base_url}")
+            poller = threading.Thread(
+                target=self._poll, name="marlaas-jobs", daemon=True
+            )
+            poller.start()
+            summary = self.runtime.serve(self.stop)
+            self.screen.phase("drained: every job stopped at a committed version")
+        finally:
+            self.stop.set()
+            if poller is not None:
+                poller.join(timeout=30)
+            if self.api is not None:
+                self.api.stop()
+            if getattr(self, "stats_logger", None) is not None:
+                self.stats_logger.close()
+            self.close()
+            self.jobs.close()
+        return summary
+
+    def _options(self) -> RuntimeOptions:
+        options = super()._options()
+        options.on_status = self._on_status
+        options.on_publish = self._on_publish
+        options.max_tasks = self.svc.max_tasks
+        options.release_finished = True
+        return options
+
+    # -- the poller: store -> runtime -------------------------------------------
+    def _poll(self) -> None:
+        while not self.stop.wait(self.svc.poll_interval_s):
+            try:
+                self._apply_actions()
+                self._validate()
+                self._admit()
+                self._gauges()
+            except Exception:  # the poller must survive one bad job or query
+                logger.error(f"job poller: {traceback.format_exc()}")
+
+    def _apply_actions(self) -> None:
+        for action in self.jobs.pending_actions():
+            job = self.jobs.job(action.job_id)
+            outcome = self._apply(action.action, job)
+            self.jobs.mark_action_handled(action.id, outcome)
+
+    def _apply(self, what: str, job: Job) -> str:
+        if job.status in TERMINAL:
+            return "ignored: the job has ended"
+        with self._lock:
+            held = self.admitted.get(job.task_name)
+        if what == "cancel":
+            if held is not None:
+                self.runtime.cancel(job.task_name)  # status set when it ends
+                return "applied"
+            self.jobs.set_status(job.id, CANCELLED, "Cancelled before it started")
+            return "applied"
+        if what == "pause":
+            if job.status == PAUSED:
+                return "ignored: already paused"
+            if held is not None:
+                held.paused_by_tenant = True
+                self.runtime.pause(job.task_name)  # paused after its step commits
+                return "applied"
+            self.jobs.set_status(job.id, PAUSED, "Paused before it started")
+            return "applied"
+        if what == "resume":
+            if job.status != PAUSED:
+                return "ignored: not paused"
+            if held is not None:
+                held.paused_by_tenant = False
+                self.runtime.resume(job.task_name)
+                status = RUNNING if held.started else QUEUED
+                self.jobs.set_status(job.id, status, "Fine-tuning job resumed")
+                return "applied"
+            # Never admitted: validate again (idempotent) and queue.
+            self.jobs.set_status(job.id, VALIDATING, "Resumed; validating files")
+            return "applied"
+        return f"ignored: unknown action {what!r}"
+
+    def _validate(self) -> None:
+        for job in self.jobs.jobs_with_status(VALIDATING):
+            if self.stop.is_set():
+                return
+            try:
+                self._check_files(job)
+            except jobspec.JobFileError as e:
+                self.jobs.fail_job(job.id, "invalid_file", str(e), e.param)
+                continue
+            self.jobs.set_status(job.id, QUEUED)
+
+    def _check_files(self, job: Job) -> None:
+        grader = job.method["reinforcement"]["grader"]
+        for which in ("training_file", "validation_file"):
+            if getattr(job, which) is None:
+                continue
+            path = self.jobs.file_of_job(job.id, which)
+            lines, too_long = jobspec.check_lines(
+                path, grader, self.tokenizer, self.svc.max_prompt_tokens, which
+            )
+            if too_long:
+                self.jobs.add_event(
+                    job.id,
+                    f"{too_long} of {lines} lines of the {which} have prompts over "
+                    f"{self.svc.max_prompt_tokens} tokens; they are skipped",
+                    level="warn",
+                )
+        spec = jobspec.task_spec(job, self.svc, self.jobs.file_of_job(job.id))
+        need = self.kv.task_bytes(spec)
+        capacity = admission.capacity(self.cfg, self.kv, self.session.addresses[0])
+        budget = admission.budget(self.cfg, capacity)
+        if budget is not None and need > budget:
+            raise jobspec.JobFileError(
+                f"a step of batch_size x group size = "
+                f"{spec.batch_size * spec.n_samples} samples needs "
+                f"{need / 2**20:.0f} MiB of KV cache but the server holds "
+                f"{budget / 2**20:.0f} MiB; lower batch_size or compute_multiplier",
+                "method.reinforcement.hyperparameters.batch_size",
+            )
+
+    def _admit(self) -> None:
+        """Hand queued (and, after a restart, running) jobs to the runtime, as far
+        as the per-tenant running limit and ``service.max_tasks`` allow."""
+        for job in self.jobs.jobs_with_status(RUNNING, QUEUED):
+            if self.stop.is_set():
+                return
+            with self._lock:
+                if job.task_name in self.admitted:
+                    continue
+                if len(self.admitted) >= self.svc.max_tasks:
+                    return
+                mine = sum(a.tenant_id == job.tenant_id for a in self.admitted.values())
+            if job.status == QUEUED and mine >= self.svc.max_running_jobs:
+                continue
+            self._hand_over(job)
+
+    def _hand_over(self, job: Job) -> None:
+        try:
+            spec = jobspec.task_spec(job, self.svc, self.jobs.file_of_job(job.id))
+        except Exception as e:  # a job the plugin cannot express fails alone
+            self.jobs.fail_job(job.id, "setup_failed", f"{type(e).__name__}: {e}")
+            return
+        runtime = self.runtime
+        grading = self.cfg.grading.to_dict()
+
+        def add():  # on the trainer's thread: never beside a training step
+            return add_tenant(
+                self.engine,
+                spec,
+                self.store,
+                self.tokenizer,
+                self.cfg,
+                self.kv,
+                resume=self.store.committed(spec.name) is not None,
+                grading=grading,
+            )
+
+        try:
+            task = runtime.on_trainer(add).result()
+        except Exception as e:
+            self.jobs.fail_job(
+                job.id, "setup_failed", f"{type(e).__name__}: {e}", "training_file"
+            )
+            return
+        self.rollout.register_task(
+            spec.name,
+            task.start_version,
+            self.store.adapter_dir(spec.name, task.start_version),
+        )
+        with self._lock:
+            self.admitted[spec.name] = Admitted(
+                job.id, job.tenant_id, spec.name, spec.total_steps
+            )
+        self.jobs.set_plan(job.id, steps_total=spec.total_steps)
+        runtime.add(task)
+        logger.info(f"job {job.id} handed to the scheduler as {spec.name}")
+
+    def _gauges(self) -> None:
+        now, busy = time.monotonic(), self.runtime.train_busy_s
+        t0, b0 = self._busy_mark
+        if now - t0 >= 5:
+            self.metrics.set_trainer_busy(min(1.0, (busy - b0) / (now - t0)))
+            self._busy_mark = (now, busy)
+            try:
+                m = scrape(self.session.addresses[0], timeout=2)
+                self.metrics.set_kv_usage(m.kv_cache_usage)
+            except Exception:  # the gauge is best effort
+                pass
+
+    # -- the runtime's callbacks: runtime -> store --------------------------------
+    def _job_of(self, task: str) -> Admitted | None:
+        with self._lock:
+            return self.admitted.get(task)
+
+    def _on_status(self, task: str, status: str, reason: str) -> None:
+        held = self._job_of(task)
+        if held is None:
+            return
+        job_id = held.job_id
+        if status == "held":
+            if not held.started and not held.waiting:
+                held.waiting = True
+                why = {"kv": "the server's KV-cache budget is full"}.get(
+                    reason, f"admission ({reason})"
+                )
+                self.jobs.add_event(
+                    job_id, f"Waiting to start: {why}; it starts when a slot frees"
+                )
+        elif status == "running":
+            held.started = True
+            if self.jobs.job(job_id).status == QUEUED:
+                self.jobs.set_status(job_id, RUNNING)
+        elif status == "paused":
+            if held.paused_by_tenant and not self.stop.is_set():
+                self.jobs.set_status(job_id, PAUSED, "Paused after a committed step")
+        elif status == "done":
+            self._finish(held)
+        elif status in ("failed", "cancelled"):
+            with self._lock:
+                self.admitted.pop(task, None)
+            if status == "cancelled":
+                self.jobs.set_status(job_id, CANCELLED)
+            else:
+                self.jobs.fail_job(job_id, "training_failed", reason or "failed")
+
+    def _finish(self, held: Admitted) -> None:
+        """The final adapter as a result file (a tar.gz of the PEFT folder), then
+        ``succeeded``."""
+        state = self.store.committed(held.task)
+        try:
+            folder = self.store.adapter_dir(held.task, state["version"])
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+                for f in sorted(folder.iterdir()):
+                    if f.name != "optimizer.pt":  # the adapter, not the trainer state
+                        tar.add(f, arcname=f.name)
+            job = self.jobs.job(held.job_id)
+            name = f"{job.fine_tuned_model or held.task}.adapter.tar.gz"
+            self.jobs.add_result_file(
+                held.job_id, name.replace(":", "_"), buf.getvalue()
+            )
+            self.jobs.set_status(held.job_id, SUCCEEDED)
+        except Exception as e:
+            self.jobs.fail_job(held.job_id, "result_failed", f"{type(e).__name__}: {e}")
+        finally:
+            with self._lock:
+                self.admitted.pop(held.task, None)
+
+    def _progress(self, r: dict[str, Any], stats: dict[str, float]) -> None:
+        super()._progress(r, stats)
+        held = self._job_of(r["task"])
+        if held is None:
+            return
+        metrics = {k: r[k] for k in STEP_METRICS if r.get(k) is not None}
+        version = r["version"]
+        held.trained_tokens += int(r.get("trained_tokens") or 0)
+        self.jobs.record_step(
+            held.job_id,
+            version,
+            metrics,
+            trained_tokens=held.trained_tokens,
+            at=r["t_commit"],
+        )
+        self.jobs.record_checkpoint(
+            held.job_id,
+            version,
+            version,
+            self.store.adapter_dir(r["task"], version),
+            metrics,
+        )
+        self.metrics.observe_step(held.tenant_id, r["train_s"])
+        if not held.first_step_seen:
+            held.first_step_seen = True
+            job = self.jobs.job(held.job_id)
+            if job.ttfs_s is not None:
+                self.metrics.observe_ttfs(held.tenant_id, job.ttfs_s)
+        for reason, n in (r.get("reward_reasons") or {}).items():
+            self.jobs.add_event(
+                held.job_id,
+                f"step {version}: {n} sample(s) scored 0: {reason}",
+                level="warn",
+            )
+
+    def _on_publish(self, task: str, version: int) -> None:
+        """Nothing to do per publish yet (evaluation would hook in here)."""
+
+    # -- restart ----------------------------------------------------------------
+    def _reconcile(self) -> None:
+        """After a restart: every version the run store committed has its
+        checkpoint in the database (a crash can fall between the two)."""
+        for job in self.jobs.jobs_with_status(RUNNING, QUEUED, PAUSED):
+            state = self.store.committed(job.task_name)
+            if state is None:
+                continue
+            have = self.jobs.checkpoint_steps(job.id)
+            steps = {
+                s["version"]: s for s in task_steps(self.store.root, job.task_name)
+            }
+            for version in range(1, state["version"] + 1):
+                folder = self.store.adapter_dir(job.task_name, version)
+                if version in have or not folder.is_dir():
+                    continue
+                metrics = {
+                    k: steps[version][k]
+                    for k in STEP_METRICS
+                    if steps.get(version, {}).get(k) is not None
+                }
+                if job.status != PAUSED:
+                    self.jobs.record_step(job.id, version, metrics)
+                self.jobs.record_checkpoint(job.id, version, version, folder, metrics)
+                logger.warning(
+                    f"job {job.id}: recorded checkpoint v{version} committed before "
+                    "the restart"
+                )
+
+
+def main(argv: list[str]) -> int:
+    """``marlaas service --config X.yaml [key=value ...]``: serve until SIGTERM or
+    Ctrl-C, then drain (every job stops at a committed version; the next start
+    resumes it). A second Ctrl-C stops at once."""
+    import signal
+
+    from areal_marlaas.config import load_config
+    from areal_marlaas.train.screen import quiet_logs
+
+    cfg, _ = load_config(argv, schema=ServiceRunConfig)
+    quiet_logs(cfg, cfg.service.root_dir / "logs")
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        print("[marlaas service] stopping: draining running jobs", flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    ServiceRunner(cfg, stop).run()
+    return 0
