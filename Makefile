@@ -5,7 +5,7 @@ AREAL_VENV ?= $(or $(MARLAAS_AREAL_VENV),$(CACHE)/venv-areal)
 PY := $(AREAL_VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 
-.PHONY: setup test test-slow test-fault test-example lint quickstart bench-rollout bench-learning bench simulate bench-cpu-lora
+.PHONY: setup test test-slow test-fault test-example test-service lint quickstart bench-rollout bench-learning bench simulate bench-cpu-lora
 
 setup:
 	bash scripts/setup.sh
@@ -23,6 +23,11 @@ test-fault: setup
 # AReaL's PPOTrainer driving our workflow through its own launcher (~5 min): CI.
 test-example: setup
 	$(PY) -m pytest -m slow tests/test_examples.py
+
+# The job service live (real server, trainer, API, the openai SDK), a kill -9
+# and restart: ~15 min, in CI.
+test-service: setup
+	$(PY) -m pytest -m slow tests/test_service_e2e.py
 
 lint: setup
 	$(AREAL_VENV)/bin/ruff check . && $(AREAL_VENV)/bin/ruff format --check .

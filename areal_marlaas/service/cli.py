@@ -80,6 +80,9 @@ def _store(cfg: ServiceConfig):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from areal_marlaas.train.screen import quiet_console
+
+    quiet_console()  # stdout carries keys and tables only
     argv = list(sys.argv[1:] if argv is None else argv)
     args, rest = _parser().parse_known_args(argv)
     try:

@@ -10,6 +10,7 @@ kind: its reward (and, for an agentic kind, its workflow) with the job's lines.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,6 @@ from areal_marlaas.graders.templates import Ref, Template, TemplateError, resolv
 from areal_marlaas.service.grading import marlaas_kind
 from areal_marlaas.service.models import Job
 from areal_marlaas.tasks.messages import check_messages_row
-from areal_marlaas.tasks.records import read_records
 
 # Fields a built-in kind's reward reads from each line.
 KIND_FIELDS = {"wiki_search": ("answer", "question")}
@@ -82,15 +82,20 @@ def check_lines(
     """Every line is a chat prompt whose fields the grader reads; returns (lines,
     lines whose prompt is too long to train on). Raises ``JobFileError`` naming
     the first bad line."""
-    try:
-        rows = read_records(str(path), "train")
-    except ValueError as e:
-        raise JobFileError(f"{param}: {e}", param) from e
+    rows = []
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((n, json.loads(line)))
+        except json.JSONDecodeError as e:
+            # The line number, never the server's path of the file.
+            raise JobFileError(f"{param} line {n}: not valid JSON ({e.msg})", param)
     kind = marlaas_kind(grader)
     refs = [] if kind else item_refs(parse_grader(grader))
     needed = KIND_FIELDS.get(kind, DEFAULT_KIND_FIELDS) if kind else ()
     too_long = 0
-    for n, row in enumerate(rows, 1):
+    for n, row in rows:
         where = f"{param} line {n}"
         try:
             check_messages_row(row, where)

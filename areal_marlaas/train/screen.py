@@ -25,21 +25,26 @@ _CONSOLE_HANDLERS = ("plainHandler", "coloredHandler", "systemHandler")
 BAR = 10
 
 
+def quiet_console() -> None:
+    """AReaL's loggers print INFO to stdout; keep warnings and errors only."""
+    # AReaL re-applies this dict at every getLogger call, so new loggers get the
+    # level; the ones already made keep their own handlers (each call makes a
+    # new logging manager), so those are quieted one by one.
+    for name in _CONSOLE_HANDLERS:
+        areal_logging.log_config["handlers"][name]["level"] = "WARNING"
+    logging.config.dictConfig(areal_logging.log_config)
+    for made in list(areal_logging._created_loggers.values()):
+        for handler in made.handlers:
+            if not isinstance(handler, logging.FileHandler):
+                handler.setLevel(logging.WARNING)
+
+
 def quiet_logs(cfg: MARLaaSConfig, log_dir: Path | None = None) -> Path:
     """Send AReaL's INFO logs to ``<run dir>/logs/main.log`` (and merged.log);
     the screen keeps warnings and errors unless ``cfg.verbose``."""
     log_dir = log_dir or cfg.run_dir / "logs"
     if not cfg.verbose:
-        # AReaL re-applies this dict at every getLogger call, so new loggers get
-        # the level; the ones already made keep their own handlers (each call
-        # makes a new logging manager), so those are quieted one by one.
-        for name in _CONSOLE_HANDLERS:
-            areal_logging.log_config["handlers"][name]["level"] = "WARNING"
-        logging.config.dictConfig(areal_logging.log_config)
-        for made in list(areal_logging._created_loggers.values()):
-            for handler in made.handlers:
-                if not isinstance(handler, logging.FileHandler):
-                    handler.setLevel(logging.WARNING)
+        quiet_console()
     areal_logging.setup_file_logging(str(log_dir))
     return log_dir
 

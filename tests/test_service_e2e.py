@@ -1,0 +1,400 @@
+"""The job service live: ``marlaas service`` as a user starts it (the real vLLM
+server, the real FSDP trainer, the real HTTP API), driven only through the
+official ``openai`` SDK (operators add tenants with ``marlaas service tenant
+add``). Slow: ``make test-service`` runs it in CI."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+
+from areal_marlaas.admission import KVModel
+from areal_marlaas.config import load_config
+from areal_marlaas.config.service import ServiceRunConfig
+from areal_marlaas.rollout.server import free_port
+
+from .conftest import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+CONFIG = str(REPO / "configs" / "service.yaml")
+BASE = "SmolLM2-135M-Instruct"
+TERMINAL = ("succeeded", "failed", "cancelled")
+STRING_CHECK = {
+    "type": "string_check",
+    "name": "has_answer",
+    "input": "{{ sample.output_text }}",
+    "reference": "{{ item.answer }}",
+    "operation": "like",
+}
+MULTI = {
+    "type": "multi",
+    "name": "answer_and_form",
+    "graders": {
+        "exact": STRING_CHECK,
+        "close": {
+            "type": "text_similarity",
+            "name": "close",
+            "input": "{{ sample.output_text }}",
+            "reference": "The answer is {{ item.answer }}.",
+            "evaluation_metric": "fuzzy_match",
+        },
+    },
+    "calculate_output": "0.7 * exact + 0.3 * close",
+}
+
+
+def lines(n: int, seed: int) -> bytes:
+    out = []
+    for i in range(n):
+        a, b = (seed * 7 + i * 3) % 9 + 1, (seed + i * 5) % 9 + 1
+        out.append(
+            {
+                "messages": [
+                    {"role": "user", "content": f"What is {a} + {b}? Reply briefly."}
+                ],
+                "answer": str(a + b),
+            }
+        )
+    return "".join(json.dumps(r) + "\n" for r in out).encode()
+
+
+def method(grader: dict, **hp) -> dict:
+    hp = {"batch_size": 2, "n_epochs": 1, "compute_multiplier": 0.5, **hp}
+    return {
+        "type": "reinforcement",
+        "reinforcement": {"grader": grader, "hyperparameters": hp},
+    }
+
+
+class LiveService:
+    """``marlaas service`` in its own process session, like an operator runs it."""
+
+    def __init__(self, root: Path, overrides: list[str]):
+        self.root = root
+        self.port = free_port()
+        self.overrides = [
+            f"service.root={root}",
+            f"service.port={self.port}",
+            *overrides,
+        ]
+        self.proc: subprocess.Popen | None = None
+        self.log = root / "service.out"
+
+    def marlaas(self, *args) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "areal_marlaas.cli", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        )
+        return out.stdout
+
+    def add_tenant(self, name: str) -> openai.OpenAI:
+        key = self.marlaas(
+            "service", "tenant", "add", name, "--config", CONFIG, *self.overrides
+        ).strip()
+        return openai.OpenAI(
+            base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, max_retries=0
+        )
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "areal_marlaas.cli",
+                    "service",
+                    "--config",
+                    CONFIG,
+                    *self.overrides,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.tail()
+            try:
+                if requests.get(f"http://127.0.0.1:{self.port}/health", timeout=2).ok:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise TimeoutError(self.tail())
+
+    def kill9(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(300)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+
+def kv_of_one_batch(overrides: list[str]) -> int:
+    cfg, _ = load_config(["--config", CONFIG, *overrides], ServiceRunConfig)
+    kv = KVModel.for_config(cfg)
+    svc = cfg.service
+    return kv.sequence_bytes(svc.max_prompt_tokens + svc.max_new_tokens) * 2 * 2
+
+
+def wait_all(client: openai.OpenAI, ids: list[str], timeout: float, seen=None):
+    """Poll until every job ended; ``seen`` collects each job's statuses in
+    order."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        jobs = {i: client.fine_tuning.jobs.retrieve(i) for i in ids}
+        if seen is not None:
+            for i, j in jobs.items():
+                if not seen.setdefault(i, []) or seen[i][-1] != j.status:
+                    seen[i].append(j.status)
+        if all(j.status in TERMINAL for j in jobs.values()):
+            return jobs
+        time.sleep(1)
+    raise TimeoutError({i: j.status for i, j in jobs.items()})
+
+
+def all_events(client, job_id: str, limit: int) -> list:
+    """Page through the events with after/limit, checking the pages."""
+    out, after = [], None
+    while True:
+        page = client.fine_tuning.jobs.list_events(
+            job_id, limit=limit, **({"after": after} if after else {})
+        )
+        assert len(page.data) <= limit
+        out += page.data
+        if not page.has_more:
+            return out
+        after = page.data[-1].id
+
+
+def test_tenants_jobs_chat_results_isolation_cancel_and_queueing(tmp_path):
+    common = [
+        "scheduler.type=null",
+        "service.max_new_tokens=24",
+        "service.max_prompt_tokens=96",
+        "service.max_running_jobs=4",
+        "service.poll_interval_s=0.3",
+    ]
+    # One rollout batch (2 prompts x 2 samples) fits the KV budget at a time:
+    # jobs that arrive while another rolls out wait `queued`.
+    budget = int(kv_of_one_batch(common) * 1.5)
+    live = LiveService(
+        tmp_path / "svc", [*common, f"scheduler.kv_budget_bytes={budget}"]
+    )
+    a = live.add_tenant("acme")
+    b = live.add_tenant("bravo")
+    live.start()
+    try:
+        fa = a.files.create(file=("a.jsonl", lines(4, 1)), purpose="fine-tune")
+        fb = b.files.create(file=("b.jsonl", lines(4, 2)), purpose="fine-tune")
+        # graders.validate refuses a broken grader naming the field.
+        bad = dict(MULTI, calculate_output="exact +* close")
+        with pytest.raises(openai.BadRequestError) as err:
+            a.fine_tuning.alpha.graders.validate(grader=bad)
+        assert err.value.body["param"].endswith("calculate_output")
+        ok = a.fine_tuning.alpha.graders.run(
+            grader=MULTI, model_sample="The answer is 7.", item={"answer": "7"}
+        )
+        assert ok.reward == pytest.approx(1.0)
+
+        j1 = a.fine_tuning.jobs.create(
+            model=BASE,
+            training_file=fa.id,
+            method=method(STRING_CHECK, learning_rate_multiplier=20),
+            metadata={"team": "one"},
+        )
+        j2 = a.fine_tuning.jobs.create(
+            model=BASE, training_file=fa.id, method=method(MULTI)
+        )
+        j_cancel = a.fine_tuning.jobs.create(
+            model=BASE, training_file=fa.id, method=method(STRING_CHECK, n_epochs=3)
+        )
+        time.sleep(3)
+        j3 = b.fine_tuning.jobs.create(
+            model=BASE, training_file=fb.id, method=method(STRING_CHECK)
+        )
+        seen: dict[str, list[str]] = {}
+        # Cancel the 3-epoch job once it committed a step.
+        deadline = time.monotonic() + 900
+        while a.fine_tuning.jobs.retrieve(j_cancel.id).status != "running" or not (
+            a.fine_tuning.jobs.checkpoints.list(j_cancel.id).data
+        ):
+            assert time.monotonic() < deadline, live.tail()
+            time.sleep(1)
+        a.fine_tuning.jobs.cancel(j_cancel.id)
+
+        ids = [j1.id, j2.id, j_cancel.id]
+        done = wait_all(a, ids, 1500, seen) | wait_all(b, [j3.id], 600, seen)
+
+        assert done[j_cancel.id].status == "cancelled", live.tail()
+        for j in (j1.id, j2.id, j3.id):
+            assert done[j].status == "succeeded", (j, done[j], live.tail())
+            assert done[j].fine_tuned_model and done[j].result_files
+
+        # Queueing: some job was held by the KV budget while `queued`, then ran.
+        held = []
+        for j in (j1.id, j2.id, j_cancel.id, j3.id):
+            client = b if j == j3.id else a
+            msgs = [e.message for e in reversed(all_events(client, j, limit=3))]
+            wait = [i for i, m in enumerate(msgs) if m.startswith("Waiting to start")]
+            start = [i for i, m in enumerate(msgs) if m == "Fine-tuning job started"]
+            queued = [i for i, m in enumerate(msgs) if "moving job to queued" in m]
+            if wait:
+                # queued -> held by the KV budget -> started once a slot freed
+                assert queued and start and queued[0] < wait[0] < start[0], msgs
+                held.append(j)
+        assert held, "no job ever waited for the KV budget"
+
+        # Events page with after/limit; one checkpoint per committed step.
+        events = all_events(a, j1.id, limit=3)
+        full = a.fine_tuning.jobs.list_events(j1.id, limit=100).data
+        assert [e.id for e in events] == [e.id for e in full]
+        assert len({e.id for e in events}) == len(events) > 6
+        for j, client in ((j1.id, a), (j2.id, a), (j3.id, b)):
+            ckpts = client.fine_tuning.jobs.checkpoints.list(j, limit=100).data
+            steps = sorted(c.step_number for c in ckpts)
+            job = done[j]
+            assert steps == list(range(1, job.steps_done + 1)), steps  # type: ignore[attr-defined]
+            assert job.steps_done == 2  # type: ignore[attr-defined]
+        cancelled_ckpts = a.fine_tuning.jobs.checkpoints.list(j_cancel.id).data
+        assert 1 <= len(cancelled_ckpts) < 6  # stopped early
+
+        # The tenant's model answers, from its adapter.
+        ft = done[j1.id].fine_tuned_model
+        prompt = [{"role": "user", "content": "What is 3 + 4? Reply briefly."}]
+
+        def lp(model):
+            r = a.chat.completions.create(
+                model=model,
+                messages=prompt,
+                max_tokens=6,
+                temperature=0,
+                logprobs=True,
+            )
+            assert r.model == model and r.choices[0].message.content
+            return [t.logprob for t in r.choices[0].logprobs.content]
+
+        tuned, base = lp(ft), lp(BASE)
+        assert max(abs(x - y) for x, y in zip(tuned, base)) > 1e-4, (tuned, base)
+        assert {m.id for m in a.models.list().data} >= {BASE, ft}
+
+        # The result file is the final PEFT adapter; stock PEFT loads it.
+        body = a.files.content(done[j1.id].result_files[0]).read()
+        out = tmp_path / "adapter"
+        with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+            tar.extractall(out, filter="data")
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        from areal_marlaas.paths import default_model_path
+
+        base_model = AutoModelForCausalLM.from_pretrained(str(default_model_path()))
+        peft = PeftModel.from_pretrained(base_model, str(out))
+        assert any(
+            "lora_B" in n and p.abs().sum() > 0 for n, p in peft.named_parameters()
+        )
+
+        # Tenant B sees none of A's objects: 404s, never content.
+        for call in (
+            lambda: b.fine_tuning.jobs.retrieve(j1.id),
+            lambda: b.files.retrieve(fa.id),
+            lambda: b.files.content(fa.id),
+            lambda: b.fine_tuning.jobs.checkpoints.list(j1.id),
+            lambda: b.fine_tuning.jobs.list_events(j1.id),
+            lambda: b.chat.completions.create(model=ft, messages=prompt, max_tokens=2),
+        ):
+            with pytest.raises(openai.NotFoundError):
+                call()
+        assert ft not in {m.id for m in b.models.list().data}
+        assert [j.id for j in a.fine_tuning.jobs.list(metadata={"team": "one"})] == [
+            j1.id
+        ]
+    finally:
+        live.stop()
+    print({j: s for j, s in seen.items()})
+
+
+def test_killed_service_resumes_every_job_from_its_last_commit(tmp_path):
+    common = [
+        "scheduler.type=null",
+        "service.max_new_tokens=16",
+        "service.max_prompt_tokens=96",
+        "service.poll_interval_s=0.3",
+    ]
+    live = LiveService(tmp_path / "svc", common)
+    a = live.add_tenant("acme")
+    live.start()
+    try:
+        f = a.files.create(file=("a.jsonl", lines(4, 3)), purpose="fine-tune")
+        jobs = [
+            a.fine_tuning.jobs.create(
+                model=BASE,
+                training_file=f.id,
+                method=method(STRING_CHECK, n_epochs=2),
+            )
+            for _ in range(2)
+        ]
+        deadline = time.monotonic() + 900
+        while not any(a.fine_tuning.jobs.checkpoints.list(j.id).data for j in jobs):
+            assert time.monotonic() < deadline, live.tail()
+            time.sleep(0.5)
+        before = {
+            j.id: sorted(
+                c.step_number for c in a.fine_tuning.jobs.checkpoints.list(j.id).data
+            )
+            for j in jobs
+        }
+        live.kill9()  # the service and, through its reaper, the vLLM server
+
+        live.start()
+        done = wait_all(a, [j.id for j in jobs], 1500)
+    finally:
+        live.stop()
+
+    for j in jobs:
+        job = done[j.id]
+        assert job.status == "succeeded", (job, live.tail())
+        steps = sorted(
+            c.step_number
+            for c in a.fine_tuning.jobs.checkpoints.list(j.id, limit=100).data
+        )
+        # Nothing lost, nothing twice, and what was there before is still there.
+        assert steps == list(range(1, job.steps_done + 1)) == [1, 2, 3, 4]
+        assert set(before[j.id]) <= set(steps)
+    db = sqlite3.connect(tmp_path / "svc" / "service.db")
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert db.execute("PRAGMA foreign_key_check").fetchall() == []
+    # The run store's step log: each job's versions once each, contiguous.
+    run = tmp_path / "svc" / "runs" / "marlaas-service" / "service"
+    logged: dict[str, list[int]] = {}
+    for line in (run / "steps.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        logged.setdefault(r["task"], []).append(r["version"])
+    assert sorted(logged.values()) == [[1, 2, 3, 4], [1, 2, 3, 4]], logged
+    print(f"checkpoints before the kill: {before}")

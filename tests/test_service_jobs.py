@@ -1,0 +1,118 @@
+"""What a job becomes (a task spec) and the line-by-line checks of its files
+against its grader, before any training."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from areal.utils.hf_utils import load_hf_tokenizer
+
+from areal_marlaas.config.service import ServiceConfig
+from areal_marlaas.graders import parse_grader
+from areal_marlaas.service.jobs import JobFileError, check_lines, item_refs, task_spec
+
+GRADER = {
+    "type": "string_check",
+    "name": "g",
+    "input": "{{ sample.output_text }}",
+    "reference": "{{ item.answer }}",
+    "operation": "like",
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_path):
+    return load_hf_tokenizer(str(model_path))
+
+
+def write(tmp_path, rows, name="t.jsonl"):
+    p = tmp_path / name
+    p.write_text(
+        "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
+    )
+    return p
+
+
+def row(q="What is 1 + 1?", **extra):
+    return {"messages": [{"role": "user", "content": q}], **extra}
+
+
+def test_good_lines_pass_and_long_prompts_are_counted(tmp_path, tokenizer):
+    path = write(tmp_path, [row(answer="2"), row("x " * 400, answer="1")])
+
+    assert check_lines(path, GRADER, tokenizer, 64, "training_file") == (2, 1)
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ([row(answer="2"), "{not json"], "line 2: not valid JSON"),
+        ([row(answer="2"), row()], "training_file line 2: the grader reads"),
+        (
+            [{"messages": [{"role": "assistant", "content": "hi"}], "answer": "1"}],
+            "line 1: the last message must be the user's turn",
+        ),
+        ([{"prompt": "x", "answer": "1"}], "line 1: needs a non-empty 'messages'"),
+        ([row("x " * 400, answer="1")], "every prompt is longer than"),
+    ],
+)
+def test_bad_files_name_the_line_and_the_fix(tmp_path, tokenizer, rows, message):
+    path = write(tmp_path, rows)
+
+    with pytest.raises(JobFileError, match=message) as e:
+        check_lines(path, GRADER, tokenizer, 64, "training_file")
+    assert e.value.param == "training_file"
+
+
+def test_a_marlaas_kind_needs_its_fields(tmp_path, tokenizer):
+    path = write(tmp_path, [row(answer="2"), row()])
+    marlaas = {"type": "marlaas", "kind": "addition"}
+
+    with pytest.raises(JobFileError, match="line 2: the 'addition' grader reads"):
+        check_lines(path, marlaas, tokenizer, 64, "validation_file")
+
+
+def test_multi_grader_refs_are_found_in_sub_graders():
+    multi = {
+        "type": "multi",
+        "name": "m",
+        "graders": {
+            "a": GRADER,
+            "b": dict(GRADER, reference="{{ item.meta.gold }}"),
+        },
+        "calculate_output": "a + b",
+    }
+    refs = {r.text for _, r in item_refs(parse_grader(multi))}
+    assert refs == {"{{ item.answer }}", "{{ item.meta.gold }}"}
+
+
+def test_a_job_becomes_a_task_spec(tmp_path):
+    job = SimpleNamespace(
+        task_name="job_abc",
+        hyperparameters={"batch_size": 3, "group_size": 4, "learning_rate": 2e-4},
+        method={"reinforcement": {"grader": GRADER}},
+        steps_total=7,
+        seed=5,
+    )
+    svc = ServiceConfig(max_new_tokens=32, max_prompt_tokens=200, temperature=0.9)
+
+    spec = task_spec(job, svc, tmp_path / "t.jsonl")
+
+    assert (spec.name, spec.kind, spec.grader) == ("job_abc", "", GRADER)
+    assert (spec.batch_size, spec.n_samples, spec.total_steps) == (3, 4, 7)
+    assert (spec.lr, spec.seed, spec.temperature) == (2e-4, 5, 0.9)
+    assert spec.dataset.format == "messages"
+    assert spec.max_new_tokens == 32 and spec.max_prompt_tokens == 200
+    kind = SimpleNamespace(
+        **{
+            **vars(job),
+            "method": {
+                "reinforcement": {"grader": {"type": "marlaas", "kind": "gsm8k"}}
+            },
+        }
+    )
+    spec = task_spec(kind, svc, tmp_path / "t.jsonl")
+    assert spec.kind == "gsm8k" and spec.grader is None
+    assert spec.reward_fn_path.endswith("numeric_answer_reward_fn")
