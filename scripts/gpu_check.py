@@ -1808,7 +1808,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="override a step budget",
     )
     ap.add_argument(
-        "--only", default="", help="comma list of steps to run (others skipped)"
+        "--only", default="", help="comma list of steps to run (+ setup, model)"
     )
     ap.add_argument("--skip", default="", help="comma list of steps to skip")
     ap.add_argument(
@@ -1900,7 +1900,8 @@ def apply_selection(steps: list[Step], args: argparse.Namespace) -> list[Step]:
     for bad in (only | skip) - names:
         raise SystemExit(f"unknown step {bad!r} (steps: {sorted(names)})")
     for s in steps:
-        if (only and s.name not in only and s.name not in ("setup",)) or s.name in skip:
+        # setup and model feed every later step: --only keeps them (--skip does not).
+        if (only and s.name not in only | {"setup", "model"}) or s.name in skip:
             reason = "not selected (--only/--skip)"
             s.selected = False
             s.command = lambda ctx, r=reason: Skip(r)
