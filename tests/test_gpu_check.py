@@ -250,3 +250,38 @@ def test_unknown_step_names_are_refused(bad, tmp_path):
         timeout=60,
     )
     assert p.returncode != 0 and "unknown step" in p.stderr
+
+
+def test_sigterm_to_the_runner_stops_the_running_step_and_writes_the_files(tmp_path):
+    pidfile, out = tmp_path / "pid", tmp_path / "out"
+    step_code = (
+        f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); "
+        "time.sleep(120)"
+    )
+    code = f"""
+import signal, sys
+sys.path.insert(0, {str(SCRIPT.parent)!r})
+import gpu_check as gc
+cmd = gc.Command([sys.executable, "-c", {step_code!r}])
+step = gc.Step("long", 100, "x", lambda ctx: cmd)
+args = gc.parse_args(["--out", {str(out)!r}])
+ctx = gc.Ctx(args=args, out=gc.Path({str(out)!r}), work=gc.Path({str(tmp_path)!r}))
+signal.signal(signal.SIGTERM, gc._sigterm)
+runner = gc.Runner([step], ctx, 200, report=gc.write_reports)
+try:
+    runner.run()
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.monotonic() < deadline, "the step never started"
+        time.sleep(0.1)
+    proc.terminate()
+
+    assert proc.wait(30) == 130
+    assert not alive(int(pidfile.read_text()))
+    doc = json.loads((out / "gpu_check.json").read_text())
+    assert doc["steps"][0]["status"] == "failed"
+    assert "interrupted" in doc["steps"][0]["reason"]
