@@ -1438,12 +1438,24 @@ def internal_build(ctx: Ctx) -> int:
         and gpu_present(ctx)
         and venv_state(vllm_cuda_venv(), vreq) != "ready"
     ):
-        if net:
-            build_venv(vllm_cuda_venv(), vreq, [], None)
-            done.append(str(vllm_cuda_venv()))
-        elif "vllm" in wheel_names(ctx):
-            build_venv(
-                vllm_cuda_venv(), vreq, [], str(Path(ctx.args.wheelhouse).resolve())
+        links = None if net else str(Path(ctx.args.wheelhouse).resolve())
+        if net or "vllm" in wheel_names(ctx):
+            build_venv(vllm_cuda_venv(), vreq, [], links)
+            # As scripts/setup.sh does for the CPU server: vLLM's torchvision/
+            # torchaudio/torchcodec pins can break imports beside its torch, and a
+            # text model needs none of them.
+            subprocess.run(
+                [
+                    str(vllm_cuda_venv() / "bin" / "python"),
+                    "-m",
+                    "pip",
+                    "uninstall",
+                    "-q",
+                    "-y",
+                    "torchvision",
+                    "torchaudio",
+                    "torchcodec",
+                ]
             )
             done.append(str(vllm_cuda_venv()))
     if net and not (default_model_dir() / ".marlaas-ready").exists():
