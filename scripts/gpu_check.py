@@ -1487,6 +1487,10 @@ def fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def fmt_ratio(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def cpu_bench_reference() -> dict[str, Any]:
     try:
         return bench_modes(json.loads(CPU_BENCH_JSON.read_text()))
@@ -1519,7 +1523,11 @@ def summary_rows(runner: Runner) -> list[list[str]]:
     gr, cr = ratios(gpu_modes), ratios(cpu_modes)
     for k in ("async_vs_sync", "async_vs_sequential"):
         rows.append(
-            [f"bench {k.replace('_', ' ')} (x)", fmt(gr.get(k)), fmt(cr.get(k))]
+            [
+                f"bench {k.replace('_', ' ')} (x)",
+                fmt_ratio(gr.get(k)),
+                fmt_ratio(cr.get(k)),
+            ]
         )
     lp = res.get("logprob_agreement")
     for dt in ("bfloat16", "float32"):
@@ -1548,7 +1556,7 @@ def summary_rows(runner: Runner) -> list[list[str]]:
     for dt in ("bfloat16", "float32"):
         rows.append(
             [
-                f"trainer step, {dt} (s, {st.get('model_kind', '?')} model)",
+                f"trainer step, {dt} (s, {st.get('model_kind', 'main')} model)",
                 fmt((st.get(dt) or {}).get("step_s_p50")),
                 "-",
             ]
@@ -1743,7 +1751,7 @@ def markdown(doc: dict[str, Any]) -> str:
                     s["name"],
                     s["status"],
                     fmt(s["elapsed_s"]),
-                    fmt(s["budget_s"]),
+                    f"{s['budget_s']:.0f}",
                     s["reason"],
                 ]
                 for s in doc["steps"]
@@ -1792,7 +1800,7 @@ def print_summary(runner: Runner, doc: dict[str, Any]) -> None:
     )
     for line in render_table(
         [
-            [r.name, r.status, fmt(r.elapsed_s), fmt(r.budget_s), r.reason[:110]]
+            [r.name, r.status, fmt(r.elapsed_s), f"{r.budget_s:.0f}", r.reason[:110]]
             for r in runner.results
         ],
         ["step", "status", "s", "budget", "reason"],
