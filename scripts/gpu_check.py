@@ -85,7 +85,7 @@ TRAINER_IMPORTS = "areal_marlaas.train.engine,areal_marlaas.models"
 # Heavy AReaL imports that no single-process FSDP step calls; on an offline machine
 # without them, scripts/gpu_check_steps/offline_stubs stands in (recorded).
 STUB_MODULES = "ray,wandb,swanlab,trackio"
-# Documented CPU numbers to print beside the GPU ones (README, "CPU serving").
+# Documented CPU numbers to print beside the GPU ones (docs/cpu_serving.md).
 CPU_LOGPROB_GAP = {"bfloat16": 0.035, "float32": "<1e-4"}
 CPU_BENCH_JSON = REPO / "docs" / "results" / "bench" / "bench.json"
 

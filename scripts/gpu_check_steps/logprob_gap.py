@@ -9,8 +9,8 @@ steps (rollout on the server -> train_task -> save -> publish, the publish timed
 the adapter hot-swap), then roll out with the trained version and compare vLLM's
 tempered logprobs with the trainer's: mean and max |diff|, the untempered control
 (~0.3 on the CPU), and how far the adapter moved the trainer's logprobs from the base
-model's (the effect the gap is to be read against). README numbers on the CPU: float32
-< 1e-4, bf16 server 0.035 (an untrained adapter).
+model's (the effect the gap is to be read against). CPU numbers
+(docs/cpu_serving.md): float32 < 1e-4, bf16 server 0.035 (an untrained adapter).
 """
 
 from __future__ import annotations

@@ -118,6 +118,9 @@ def make_engine(path, dtype, cls=None, lr=1e-3):
         lora_alpha=16,
         target_modules=["all-linear"],
         optimizer=OptimizerConfig(lr=lr),
+        # MARLaaS's actor settings: one optimizer step per batch, no reference model.
+        ppo_n_minibatches=1,
+        kl_ctl=0.0,
     )
     engine = (cls or MultiLoRAFSDPPPOActor)(cfg)
     engine.create_process_group()
