@@ -780,7 +780,7 @@ NO_GPU_NO_BUILD = "no GPU visible (nvidia-smi, /dev/nvidia0): nothing is built"
 
 
 def step_build(ctx: Ctx):
-    if not (gpu_present(ctx) or ctx.args.allow_cpu):
+    if not gpu_present(ctx):  # never with --allow-cpu: a CPU box's venvs stay
         return Skip(NO_GPU_NO_BUILD)
     todo = build_needs(ctx)
     if not todo:
@@ -793,7 +793,7 @@ def step_build(ctx: Ctx):
 
 
 def preview_build(ctx: Ctx):
-    if not (gpu_present(ctx) or ctx.args.allow_cpu):
+    if not gpu_present(ctx):  # never with --allow-cpu: a CPU box's venvs stay
         return "skip", NO_GPU_NO_BUILD
     todo = build_needs(ctx)
     if not todo:
