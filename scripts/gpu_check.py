@@ -577,6 +577,8 @@ def machine_facts() -> dict[str, Any]:
         facts["nvidia_smi_header"] = quick([smi], timeout=20)["out"][:1500]
     else:
         facts["nvidia_smi"] = None
+    rev = quick(["git", "-C", str(REPO), "rev-parse", "HEAD"], timeout=10)
+    facts["git_commit"] = rev["out"].strip() if rev["rc"] == 0 else None
     facts["dev_nvidia0"] = Path("/dev/nvidia0").exists()
     facts["ascend"] = Path("/dev/davinci0").exists()
     return facts
@@ -1710,7 +1712,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"Machine: {m.get('arch')}, {m.get('cpus')} CPUs, {m.get('mem_gib')} GiB; "
         f"GPU: {json.dumps(gpu) if gpu else 'none (' + str(doc.get('gpu_why')) + ')'}; "
-        f"nvidia-smi: {m.get('nvidia_smi') or '-'}",
+        f"nvidia-smi: {m.get('nvidia_smi') or '-'}; "
+        f"checkout: {m.get('git_commit') or 'unknown'}",
         "",
     ]
     env = doc.get("env") or {}
