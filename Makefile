@@ -5,7 +5,7 @@ AREAL_VENV ?= $(or $(MARLAAS_AREAL_VENV),$(CACHE)/venv-areal)
 PY := $(AREAL_VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 
-.PHONY: setup test test-slow test-fault test-example test-service lint quickstart bench-rollout bench-learning bench simulate bench-cpu-lora
+.PHONY: setup test test-slow test-fault test-example test-service lint quickstart bench-rollout bench-learning bench simulate bench-cpu-lora gpu-check gpu-check-dry gpu-check-wheels
 
 setup:
 	bash scripts/setup.sh
@@ -53,3 +53,19 @@ simulate: setup
 # CPU serving: vLLM's LoRA ops vs our grouped plugin, bf16 vs float32 (~8 min).
 bench-cpu-lora: setup
 	$(PY) scripts/bench_cpu_lora.py
+
+# GPU check (docs/gpu_check.md): builds what is missing (CUDA venvs, bf16 model;
+# cached, outside the deadline), then runs the plugin on CUDA within a global
+# deadline (default 570 s); gpu_check.json/.md go to $OUT, else docs/results/gpu.
+# Stdlib-only script: any python3 runs it (GPU_CHECK_ARGS, e.g. --wheelhouse DIR).
+GPU_CHECK_PYTHON ?= python3
+gpu-check:
+	$(GPU_CHECK_PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The same script's plan, budgets and environment checks; no GPU needed (CI).
+gpu-check-dry:
+	$(GPU_CHECK_PYTHON) scripts/gpu_check.py --dry-run $(GPU_CHECK_ARGS)
+
+# Wheels an offline GPU machine's python3 (3.12) lacks (requirements/gpu-offline.txt).
+gpu-check-wheels:
+	$(GPU_CHECK_PYTHON) scripts/gpu_check.py --fetch-wheels .gpu-wheels --python-version 3.12

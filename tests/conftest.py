@@ -3,6 +3,7 @@ and LoRA adapters with distinct weights."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -36,12 +37,16 @@ def vllm_server(model_path, tmp_path_factory):
             f"no vLLM venv at {vllm_python()}: run `make setup` (or set "
             "MARLAAS_VLLM_PYTHON)"
         )
+    # MARLAAS_TEST_VLLM: JSON of extra server settings, e.g. the GPU check's
+    # {"dtype": "bfloat16", "enforce_eager": true, "gpu_memory_utilization": 0.3}.
+    extra = json.loads(os.environ.get("MARLAAS_TEST_VLLM") or "{}")
     vllm_cfg = MultiLoRAvLLMConfig(
         max_loras=4,
         max_cpu_loras=16,
         max_lora_rank=8,
         max_model_len=1024,
         max_num_seqs=128,
+        **extra,
     )
     server_cfg = RolloutServerConfig(cpu_kvcache_space_gib=2)
     log = tmp_path_factory.mktemp("vllm") / "server.log"

@@ -1,0 +1,287 @@
+"""scripts/gpu_check.py on the CPU: the dry run's plan, and the runner's time limits
+(a step over its budget is killed, the global deadline stops the rest cleanly, the
+report files are written either way, nothing it started outlives it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "gpu_check.py"
+STEP_ORDER = [
+    "build",
+    "setup",
+    "model",
+    "trainer_cuda",
+    "rollout_multilora",
+    "logprob_agreement",
+    "quickstart",
+    "bench",
+]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gc = _load()
+
+
+def sleeper(name, budget, secs, rc=0, in_deadline=True):
+    code = (
+        f"import sys, time; print('{name} start', flush=True); time.sleep({secs}); "
+        f"print('{name} done', flush=True); sys.exit({rc})"
+    )
+    cmd = gc.Command([sys.executable, "-c", code])
+    return gc.Step(
+        name, budget, f"sleep {secs}", lambda ctx: cmd, in_deadline=in_deadline
+    )
+
+
+def run(steps, tmp_path, deadline, reserve=0.5, min_start=1.0):
+    args = gc.parse_args(["--out", str(tmp_path / "out")])
+    ctx = gc.Ctx(args=args, out=tmp_path / "out", work=tmp_path / "work")
+    ctx.work.mkdir()
+    runner = gc.Runner(
+        steps,
+        ctx,
+        deadline,
+        report=gc.write_reports,
+        reserve_s=reserve,
+        min_start_s=min_start,
+    )
+    t0 = time.monotonic()
+    runner.run()
+    wall = time.monotonic() - t0
+    doc = json.loads((ctx.out / "gpu_check.json").read_text())
+    return doc, {s["name"]: s for s in doc["steps"]}, wall
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_step_over_its_budget_is_killed_and_the_next_step_runs(tmp_path):
+    doc, steps, wall = run(
+        [sleeper("slow", 1.0, 60), sleeper("next", 10, 0.1)], tmp_path, deadline=60
+    )
+
+    slow = steps["slow"]
+    assert slow["status"] == "timeout"
+    assert "budget of 1 s" in slow["reason"]
+    assert 1.0 <= slow["elapsed_s"] < 8
+    assert "slow start" in slow["tail"] and "slow done" not in slow["tail"]
+    assert steps["next"]["status"] == "ok"
+    assert wall < 15
+
+
+def test_global_deadline_stops_the_rest_and_the_files_are_still_written(tmp_path):
+    doc, steps, wall = run(
+        [sleeper("a", 10, 0.2), sleeper("b", 60, 60), sleeper("c", 10, 0.1)],
+        tmp_path,
+        deadline=4,
+    )
+
+    assert steps["a"]["status"] == "ok"
+    assert steps["b"]["status"] == "timeout"
+    assert "global deadline" in steps["b"]["reason"]
+    assert steps["b"]["elapsed_s"] < 4
+    assert steps["c"]["status"] == "skipped"
+    assert "global deadline" in steps["c"]["reason"]
+    assert wall < 12
+    assert doc["finished"] is not None
+    md = (tmp_path / "out" / "gpu_check.md").read_text()
+    assert "| b | timeout |" in md and "## What failed" in md
+
+
+def test_steps_outside_the_deadline_do_not_start_its_clock(tmp_path):
+    doc, steps, _ = run(
+        [sleeper("build", 10, 3.0, in_deadline=False), sleeper("a", 10, 1.0)],
+        tmp_path,
+        deadline=4.0,
+        min_start=0.6,
+    )
+
+    assert steps["build"]["status"] == "ok"
+    # The deadline's 4 s started after the build's 3 s: "a" had 3.5 s for its 1 s.
+    assert steps["a"]["status"] == "ok"
+
+
+def test_failed_step_is_recorded_with_its_error_and_the_next_runs(tmp_path):
+    code = "raise RuntimeError('CUDA error: no kernel image is available')"
+    bad = gc.Step(
+        "bad", 10, "fails", lambda ctx: gc.Command([sys.executable, "-c", code])
+    )
+    doc, steps, _ = run([bad, sleeper("next", 10, 0.1)], tmp_path, deadline=60)
+
+    assert steps["bad"]["status"] == "failed"
+    assert steps["bad"]["returncode"] == 1
+    assert "no kernel image" in steps["bad"]["reason"]
+    assert steps["next"]["status"] == "ok"
+
+
+def test_skip_records_the_reason_and_starts_nothing(tmp_path):
+    skip = gc.Step("vllm", 10, "x", lambda ctx: gc.Skip("vllm not importable"))
+    doc, steps, _ = run([skip], tmp_path, deadline=60)
+
+    assert steps["vllm"]["status"] == "skipped"
+    assert steps["vllm"]["reason"] == "vllm not importable"
+    assert steps["vllm"]["elapsed_s"] is None
+
+
+def test_result_file_metrics_are_kept_even_when_the_step_times_out(tmp_path):
+    result = tmp_path / "r.json"
+    code = (
+        "import json, os, time; "
+        "open(os.environ['GPU_CHECK_RESULT'], 'w').write("
+        "json.dumps({'metrics': {'parity': {'max_abs_diff': 1e-6}}})); time.sleep(60)"
+    )
+    step = gc.Step(
+        "part",
+        1.5,
+        "x",
+        lambda ctx: gc.Command([sys.executable, "-c", code], result_file=str(result)),
+    )
+    doc, steps, _ = run([step], tmp_path, deadline=60)
+
+    assert steps["part"]["status"] == "timeout"
+    assert steps["part"]["metrics"]["parity"]["max_abs_diff"] == 1e-6
+
+
+def test_processes_a_step_started_in_new_sessions_are_ended(tmp_path):
+    pidfile = tmp_path / "pid"
+    code = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+        "start_new_session=True); "
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(0.5)"
+    )
+    step = gc.Step(
+        "orphans", 10, "x", lambda ctx: gc.Command([sys.executable, "-c", code])
+    )
+    doc, steps, _ = run([step], tmp_path, deadline=60)
+
+    pid = int(pidfile.read_text())
+    assert steps["orphans"]["status"] == "ok"
+    assert pid in steps["orphans"]["reaped_pids"]
+    assert not alive(pid)
+
+
+def test_plan_validation_rejects_budgets_over_the_deadline():
+    steps = gc.make_steps()
+    assert gc.validate_plan(steps, gc.DEFAULT_DEADLINE_S) == []
+    errors = gc.validate_plan(steps, 100)
+    assert errors and "> deadline 100 s" in errors[0]
+
+
+def test_summary_ratios_and_junit():
+    modes = {
+        "async": {"train_steps_per_hour": 300.0},
+        "sync": {"train_steps_per_hour": 200.0},
+        "sequential": {"train_steps_per_hour": 100.0},
+    }
+    assert gc.ratios(modes) == {"async_vs_sync": 1.5, "async_vs_sequential": 3.0}
+    assert gc.ratios({}) == {"async_vs_sync": None, "async_vs_sequential": None}
+
+
+def test_dry_run_plan_is_well_formed(tmp_path):
+    t0 = time.monotonic()
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,  # works from anywhere
+    )
+    wall = time.monotonic() - t0
+
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert wall < 60
+    doc = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert doc["dry_run"] is True and doc["schema"] == 1
+    plan = doc["plan"]
+    assert [row["name"] for row in plan] == STEP_ORDER
+    for row in plan:
+        assert row["budget_s"] > 0
+        assert row["action"] in ("run", "skip"), row
+        if row["action"] == "skip":
+            assert row["why"], row
+    timed = [row for row in plan if row["in_deadline"]]
+    assert [row["name"] for row in plan if not row["in_deadline"]] == ["build"]
+    assert sum(row["budget_s"] for row in timed) <= doc["deadline_s"]
+    assert doc["budget_total_s"] == sum(row["budget_s"] for row in timed)
+    # The environment checks ran: machine facts and a verdict per interpreter.
+    assert doc["machine"]["cpus"] >= 1 and "disk_free_gib_cache" in doc["machine"]
+    for kind in ("trainer", "vllm"):
+        assert isinstance(doc["env"][kind]["ok"], bool)
+        assert doc["env"][kind]["ok"] or doc["env"][kind]["why"]
+    if doc["gpu"] is None:
+        gpu_steps = [r for r in plan if r["name"] not in ("build", "setup", "model")]
+        assert all(r["action"] == "skip" for r in gpu_steps)
+        assert all("GPU" in r["why"] or "CUDA" in r["why"] for r in gpu_steps)
+    assert "## Plan" in (tmp_path / "gpu_check.md").read_text()
+    # The plan table is in the output, budgets included.
+    assert "trainer_cuda" in p.stdout and "in-deadline budgets:" in p.stdout
+
+
+@pytest.mark.parametrize("bad", [["--budget", "nope=3"], ["--only", "nope"]])
+def test_unknown_step_names_are_refused(bad, tmp_path):
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path), *bad],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode != 0 and "unknown step" in p.stderr
+
+
+def test_sigterm_to_the_runner_stops_the_running_step_and_writes_the_files(tmp_path):
+    pidfile, out = tmp_path / "pid", tmp_path / "out"
+    step_code = (
+        f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); "
+        "time.sleep(120)"
+    )
+    code = f"""
+import signal, sys
+sys.path.insert(0, {str(SCRIPT.parent)!r})
+import gpu_check as gc
+cmd = gc.Command([sys.executable, "-c", {step_code!r}])
+step = gc.Step("long", 100, "x", lambda ctx: cmd)
+args = gc.parse_args(["--out", {str(out)!r}])
+ctx = gc.Ctx(args=args, out=gc.Path({str(out)!r}), work=gc.Path({str(tmp_path)!r}))
+signal.signal(signal.SIGTERM, gc._sigterm)
+runner = gc.Runner([step], ctx, 200, report=gc.write_reports)
+try:
+    runner.run()
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.monotonic() < deadline, "the step never started"
+        time.sleep(0.1)
+    proc.terminate()
+
+    assert proc.wait(30) == 130
+    assert not alive(int(pidfile.read_text()))
+    doc = json.loads((out / "gpu_check.json").read_text())
+    assert doc["steps"][0]["status"] == "failed"
+    assert "interrupted" in doc["steps"][0]["reason"]
