@@ -137,42 +137,25 @@ def _train(rest: list[str]) -> int:
 
 
 def _bench_learning(rest: list[str]) -> int:
-    """The first task alone vs among the other tenants: reward curves."""
+    """Held-out accuracy of every task, alone and among tenants, over seeds."""
     import argparse
 
-    from areal_marlaas.bench.learning import bench_learning, format_learning
+    from areal_marlaas.bench.learning import LearningBench, format_markdown
     from areal_marlaas.config import load_config
 
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default="docs/results/learning")
+    parser.add_argument("--seeds", default="1,2,3", help="e.g. 1,2,3")
+    parser.add_argument("--steps", type=int, default=20, help="GRPO steps per task")
+    parser.add_argument("--eval-prompts", type=int, default=64)
+    parser.add_argument("--eval-samples", type=int, default=4)
     opts, rest = parser.parse_known_args(rest)
     cfg, _ = load_config(rest)
-    out = (
-        Path(opts.out)
-        if opts.out
-        else cfg.run_dir.with_name(cfg.trial_name + "-report")
+    seeds = [int(s) for s in opts.seeds.split(",") if s.strip()]
+    bench = LearningBench(
+        cfg, Path(opts.out), seeds, opts.steps, opts.eval_prompts, opts.eval_samples
     )
-    print(format_learning(bench_learning(cfg, out)))
-    return 0
-
-
-def _eval_adapters(rest: list[str]) -> int:
-    """Held-out reward of adapters of the config's first task (label=path ...)."""
-    import argparse
-
-    from areal_marlaas.bench.learning import evaluate_adapters
-    from areal_marlaas.config import load_config
-
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--adapter", action="append", default=[], help="label=path")
-    parser.add_argument("--prompts", type=int, default=96)
-    opts, rest = parser.parse_known_args(rest)
-    cfg, _ = load_config(rest)
-    adapters = dict(a.split("=", 1) for a in opts.adapter)
-    result = evaluate_adapters(cfg, adapters, opts.prompts)
-    for label, reward in result.items():
-        print(f"{label:<16} {reward:.3f}")
-    print(json.dumps(result))
+    print(format_markdown(bench.run()))
     return 0
 
 
@@ -219,7 +202,6 @@ _CONFIG_COMMANDS = {
     "bench": _bench,
     "bench-rollout": _bench_rollout,
     "bench-learning": _bench_learning,
-    "eval-adapters": _eval_adapters,
     "service": _service,
 }
 

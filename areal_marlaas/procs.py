@@ -19,10 +19,10 @@ def stop_group(
     for sig in (signal.SIGTERM, signal.SIGKILL) if graceful else (signal.SIGKILL,):
         try:
             os.killpg(pgid, sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             break
         # A stopped (hung) process only acts on SIGTERM once continued.
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGCONT)
         try:
             process.wait(timeout)

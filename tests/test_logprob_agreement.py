@@ -85,3 +85,85 @@ def mean_abs_diff(data, recomputed) -> float:
     diffs = torch.cat(diffs)
     assert diffs.numel() > 50
     return float(diffs.mean())
+
+
+def _engines(vllm_server, tmp_path, monkeypatch):
+    for k, v in dict(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(find_free_ports(1)[0]))
+    cfg, _ = load_config(["--config", str(REPO / "configs" / "quickstart.yaml")])
+    trainer = MultiLoRAFSDPPPOActor(cfg.actor)
+    trainer.create_process_group()
+    trainer.initialize(None, FinetuneSpec(1, 1, 1))
+    rollout = MultiLoRAvLLMEngine(
+        InferenceEngineConfig(
+            experiment_name="test", trial_name="audit", backend="vllm:d1", use_lora=True
+        )
+    )
+    rollout.initialize(addr=vllm_server.address, train_data_parallel_size=1)
+    return cfg, trainer, rollout
+
+
+def _batch(rollout, task, model_path):
+    return rollout.rollout_task(
+        make_arithmetic_rows("multiplication", 4, 1, seed=9),
+        "areal_marlaas.workflows.rlvr.MultiTaskRLVRWorkflow",
+        dict(
+            task=task,
+            reward_fn="areal_marlaas.tasks.rewards.numeric_answer_reward_fn",
+            gconfig=GenerationHyperparameters(
+                max_new_tokens=24, temperature=TEMPERATURE
+            ),
+            tokenizer=str(model_path),
+        ),
+        group_size=2,
+    )
+
+
+def test_trained_adapter_agrees_and_other_weights_are_refused(
+    tmp_path, vllm_server, model_path, distinct_adapters, monkeypatch
+):
+    """A trained adapter (non-zero B on every linear layer, served through our
+    CPU LoRA kernels) gives the trainer's logprobs; the same name serving other
+    weights is caught by the per-step audit and the step is refused."""
+    from areal_marlaas.train.engine import AuditError
+
+    cfg, trainer, rollout = _engines(vllm_server, tmp_path, monkeypatch)
+    limit = cfg.audit.limit(cfg.vllm.dtype, cfg.actor.dtype)
+    trained, other = distinct_adapters[0], distinct_adapters[1]
+    for task in ("good", "swapped"):
+        trainer.add_task(
+            task,
+            lr=1e-4,
+            total_steps=2,
+            n_samples=2,
+            seed=1,
+            temperature=TEMPERATURE,
+            init_adapter=trained,
+            audit_trajectories=4,
+            audit_max_mean_gap=limit,
+        )
+    try:
+        rollout.register_task("good", 0, trained)
+        # The server serves another adapter's weights under swapped-v0.
+        rollout.register_task("swapped", 0, other)
+        good = _batch(rollout, "good", model_path)
+        bad = _batch(rollout, "swapped", model_path)
+    finally:
+        rollout.destroy()
+
+    result = trainer.train_task("good", good)
+    audit = result["audit"]
+    print(
+        f"trained adapter: logprob gap mean {audit['logprob_gap_mean']:.2e} max "
+        f"{audit['logprob_gap_max']:.2e} over {audit['audited_tokens']} tokens"
+    )
+    assert result["version"] == 1 and audit["audited_tokens"] > 50
+    assert audit["logprob_gap_mean"] < limit / 10
+    assert audit["served_adapters"] == ["good-v0"]
+
+    with pytest.raises(AuditError, match="did not generate with swapped-v0") as err:
+        trainer.train_task("swapped", bad)
+    print(f"swapped weights: {err.value}")
+    assert trainer.slots["swapped"].version == 0  # the step was not applied

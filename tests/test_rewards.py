@@ -96,3 +96,35 @@ def test_gsm8k_reference_answers_score_themselves_on_real_data():
         numeric_answer_reward_fn("", r["answer"], answer=r["answer"]) for r in rows
     ]
     assert sum(scores) == len(rows)
+
+
+def test_held_out_arithmetic_is_disjoint_by_problem_whatever_the_seeds():
+    """Train and test splits share no problem (nor a mirrored one), for any pair
+    of seeds: the split is a property of the problem, not of the draw."""
+    from areal_marlaas.tasks.arithmetic import held_out
+
+    def problems(rows):
+        out = set()
+        for r in rows:
+            a, _, b = r["expr"].split()
+            out.add(tuple(sorted((int(a), int(b)))))
+        return out
+
+    for seed_train, seed_test in ((1, 1), (1, 2), (7, 3)):
+        train = make_arithmetic_rows(
+            "multiplication", 400, 2, seed_train, "train", 0.2, digits2=1
+        )
+        test = make_arithmetic_rows(
+            "multiplication", 100, 2, seed_test, "test", 0.2, digits2=1
+        )
+        assert problems(train).isdisjoint(problems(test))
+        assert all(len(r["expr"].split()[2]) == 1 for r in train)  # 1-digit b
+    add_train = make_arithmetic_rows("addition", 500, 2, 1, "train", 0.2)
+    add_test = make_arithmetic_rows("addition", 200, 2, 2, "test", 0.2)
+    assert problems(add_train).isdisjoint(problems(add_test))
+    # The split is by problem: the same problem always lands on the same side.
+    assert held_out("addition", 12, 34, 0.2) == held_out("addition", 34, 12, 0.2)
+    # Unsplit generation is what it always was (seeded runs stay comparable).
+    assert make_arithmetic_rows("addition", 3, 2, 1) == make_arithmetic_rows(
+        "addition", 3, 2, 1, "train", 0.0
+    )

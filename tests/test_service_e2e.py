@@ -374,19 +374,22 @@ def test_killed_service_resumes_every_job_from_its_last_commit(tmp_path):
 
         live.start()
         done = wait_all(a, [j.id for j in jobs], 1500)
+        after = {
+            j.id: sorted(
+                c.step_number
+                for c in a.fine_tuning.jobs.checkpoints.list(j.id, limit=100).data
+            )
+            for j in jobs
+        }
     finally:
         live.stop()
 
     for j in jobs:
         job = done[j.id]
         assert job.status == "succeeded", (job, live.tail())
-        steps = sorted(
-            c.step_number
-            for c in a.fine_tuning.jobs.checkpoints.list(j.id, limit=100).data
-        )
         # Nothing lost, nothing twice, and what was there before is still there.
-        assert steps == list(range(1, job.steps_done + 1)) == [1, 2, 3, 4]
-        assert set(before[j.id]) <= set(steps)
+        assert after[j.id] == list(range(1, job.steps_done + 1)) == [1, 2, 3, 4]
+        assert set(before[j.id]) <= set(after[j.id])
     db = sqlite3.connect(tmp_path / "svc" / "service.db")
     assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert db.execute("PRAGMA foreign_key_check").fetchall() == []

@@ -11,7 +11,13 @@ from areal.utils.hf_utils import load_hf_tokenizer
 
 from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.graders import parse_grader
-from areal_marlaas.service.jobs import JobFileError, check_lines, item_refs, task_spec
+from areal_marlaas.service.jobs import (
+    JobFileError,
+    check_lines,
+    item_refs,
+    task_spec,
+    to_admit,
+)
 
 GRADER = {
     "type": "string_check",
@@ -116,3 +122,61 @@ def test_a_job_becomes_a_task_spec(tmp_path):
     spec = task_spec(kind, svc, tmp_path / "t.jsonl")
     assert spec.kind == "gsm8k" and spec.grader is None
     assert spec.reward_fn_path.endswith("numeric_answer_reward_fn")
+
+
+def test_admission_keeps_a_full_pool_queued_and_takes_running_jobs_back():
+    def job(name, tenant, status="queued"):
+        return SimpleNamespace(task_name=name, tenant_id=tenant, status=status)
+
+    a1, a2, a3 = job("a1", "A"), job("a2", "A"), job("a3", "A")
+    b1 = job("b1", "B")
+    # Oldest first; A may run 2 jobs: a3 waits, b1 goes.
+    assert [j.task_name for j in to_admit([a1, a2, a3, b1], {}, 2, 10)] == [
+        "a1",
+        "a2",
+        "b1",
+    ]
+    # Already held jobs count toward the limit and are not taken twice.
+    assert [j.task_name for j in to_admit([a1, a2, a3], {"a1": "A"}, 2, 10)] == ["a2"]
+    # After a restart, a job that was running is taken back even past the limit.
+    back = job("a4", "A", "running")
+    assert [j.task_name for j in to_admit([back], {"a1": "A", "a2": "A"}, 2, 10)] == [
+        "a4"
+    ]
+    # The scheduler's own cap.
+    assert [j.task_name for j in to_admit([a1, a2, b1], {}, 5, 2)] == ["a1", "a2"]
+
+
+def test_restart_records_checkpoints_the_run_store_committed_but_the_db_missed(
+    tmp_path,
+):
+    """A crash between the run store's commit and the database write: the next
+    start adds exactly the missing checkpoints (none twice)."""
+    from areal_marlaas.manager.store import RunStore
+    from areal_marlaas.service.runner import ServiceRunner
+    from areal_marlaas.service.store import JobStore, NewJob
+
+    jobs = JobStore(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path)
+    tenant, _ = jobs.create_tenant("acme")
+    f = jobs.add_file(tenant.id, "t.jsonl", "fine-tune", b"{}\n", 1)
+    job, _ = jobs.create_job(
+        tenant.id, NewJob("m", f.id, None, {}, {}, None, 0, None, steps_total=4)
+    )
+    jobs.set_status(job.id, "queued")
+    jobs.set_status(job.id, "running")
+    store = RunStore(tmp_path / "runs" / "x", fresh=True)
+    for v in range(3):  # v0, v1, v2 committed in the run store
+        d = store.adapter_dir(job.task_name, v)
+        d.mkdir(parents=True)
+        (d / "adapter_model.safetensors").write_bytes(b"x")
+        store.step({"task": job.task_name, "version": v, "reward_mean": 0.5})
+        store.commit(job.task_name, v, {"cursor": 0, "steps": v})
+    jobs.record_checkpoint(job.id, 1, 1, store.adapter_dir(job.task_name, 1))
+    runner = SimpleNamespace(jobs=jobs, store=store)
+
+    ServiceRunner._reconcile(runner)
+    ServiceRunner._reconcile(runner)  # idempotent
+
+    assert jobs.checkpoint_steps(job.id) == {1, 2}
+    assert jobs.job(job.id).steps_done == 2
+    jobs.close()

@@ -227,36 +227,6 @@ def test_keys_are_stored_hashed_and_can_be_revoked(store):
 # -- the scheduler side ----------------------------------------------------------------
 
 
-def test_claim_goes_oldest_first_and_keeps_a_full_pool_queued(store):
-    a, fa = tenant_with_file(store, "a")
-    b, fb = tenant_with_file(store, "b")
-    a1, _ = store.create_job(a, new_job(fa))
-    a2, _ = store.create_job(a, new_job(fa))
-    b1, _ = store.create_job(b, new_job(fb))
-    store.request_action(a, a2.id, "cancel")
-    claimed = [store.claim_next_job("validating_files", "queued") for _ in range(3)]
-    # a2 has an unhandled cancel: the scheduler must apply it, not start the job.
-    assert [j and j.id for j in claimed] == [a1.id, b1.id, None]
-    (action,) = store.pending_actions()
-    store.set_status(a2.id, "cancelled")
-    store.mark_action_handled(action.id, "applied")
-    assert store.pending_actions() == []
-    a3, _ = store.create_job(a, new_job(fa))
-    store.set_status(a3.id, "queued")
-    run = store.claim_next_job("queued", "running", max_running_per_tenant=1)
-    assert run.id == a1.id and run.started_at is not None
-    # b1 is older than a3 and b runs nothing yet; then a is at its limit.
-    assert (
-        store.claim_next_job("queued", "running", max_running_per_tenant=1).id == b1.id
-    )
-    assert store.claim_next_job("queued", "running", max_running_per_tenant=1) is None
-    assert store.job(a3.id).status == "queued"  # waits, never fails
-    store.set_status(a1.id, "succeeded")
-    assert (
-        store.claim_next_job("queued", "running", max_running_per_tenant=1).id == a3.id
-    )
-
-
 def test_status_transitions_are_checked(store):
     a, fa = tenant_with_file(store, "a")
     job, _ = store.create_job(a, new_job(fa))

@@ -214,3 +214,20 @@ def test_on_policy_actor_refuses_a_batch_from_another_version(tiny):
         engine.ppo_update(fresh)
     finally:
         engine.destroy()
+
+
+def test_a_batch_the_server_served_under_another_name_is_refused(tiny):
+    from areal_marlaas.train.engine import AuditError
+
+    engine = make_engine(tiny["llama"])
+    try:
+        engine.add_task("a", lr=1e-3, total_steps=3, n_samples=2, seed=0)
+        batch = ragged_batch([9, 12], seed=1)
+        batch["served_adapters"] = ["a-v0", "b-v0"]
+        with pytest.raises(AuditError, match=r"reported serving \['b-v0'\]"):
+            engine.train_task("a", [batch])
+        batch["served_adapters"] = ["a-v0", "a-v0"]
+        out = engine.train_task("a", [batch])
+        assert out["version"] == 1 and out["audit"]["served_adapters"] == ["a-v0"]
+    finally:
+        engine.destroy()

@@ -37,7 +37,22 @@ class TaskDatasetConfig:
         },
     )
     digits: int = field(
-        default=2, metadata={"help": "Synthetic arithmetic: digits per operand."}
+        default=2, metadata={"help": "Synthetic arithmetic: digits of the operands."}
+    )
+    digits2: int = field(
+        default=0,
+        metadata={
+            "help": "Synthetic arithmetic: digits of the second operand; 0 = digits "
+            "(e.g. digits=2 digits2=1: 2-digit x 1-digit)."
+        },
+    )
+    holdout: float = field(
+        default=0.0,
+        metadata={
+            "help": "Synthetic arithmetic: fraction of the problem space kept for the "
+            "held-out test split (by problem, a op b = b op a); split=train draws "
+            "from the rest, split=test from it."
+        },
     )
     format: str = field(
         default="kind",
@@ -234,6 +249,14 @@ class TaskSpec:
             "{{ sample.output_text }}."
         },
     )
+    eval_dataset: TaskDatasetConfig | None = field(
+        default=None,
+        metadata={
+            "help": "Held-out prompts (marlaas bench-learning evaluates on them), "
+            "e.g. {split: test, holdout: 0.2} of the same arithmetic kind or "
+            "another file of the same format; None = none."
+        },
+    )
     ppo: TaskPPOConfig = field(
         default_factory=TaskPPOConfig,
         metadata={"help": "This task's overrides of actor.* PPO settings."},
@@ -344,8 +367,15 @@ class TaskSpec:
             raise ConfigError(f"{where}: reward_timeout_s must be >= 0.")
         if self.dataset.size < 0:
             raise ConfigError(f"{where}: dataset.size must be >= 0.")
-        if not 1 <= self.dataset.digits <= 9:
-            raise ConfigError(f"{where}: dataset.digits must be in [1, 9].")
+        for key, ds in (("dataset", self.dataset), ("eval_dataset", self.eval_dataset)):
+            if ds is None:
+                continue
+            if not 1 <= ds.digits <= 9 or not 0 <= ds.digits2 <= 9:
+                raise ConfigError(
+                    f"{where}: {key}.digits must be in [1, 9] and digits2 in [0, 9]."
+                )
+            if not 0 <= ds.holdout < 1:
+                raise ConfigError(f"{where}: {key}.holdout must be in [0, 1).")
 
     def _check_grader(self, where: str) -> None:
         from areal_marlaas.graders import GraderError, parse_grader

@@ -62,6 +62,8 @@ from pathlib import Path
 
 from areal.utils import logging
 
+from areal_marlaas.procs import stop_group
+
 logger = logging.getLogger("MARLaaSGraders")
 
 CHILD = Path(__file__).with_name("_sandbox_child.py")
@@ -325,17 +327,13 @@ def _outcome(msg: dict) -> SampleOutcome:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    stop_group(proc, timeout=10, graceful=False)
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         try:
             if stream is not None:
                 stream.close()
         except OSError:
             pass
-    proc.wait()
 
 
 def run_python_batch(

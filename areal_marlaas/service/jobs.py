@@ -131,3 +131,26 @@ def check_lines(
             param,
         )
     return len(rows), too_long
+
+
+def to_admit(
+    candidates: list[Job], held: dict[str, str], max_running: int, max_tasks: int
+) -> list[Job]:
+    """Which of ``candidates`` (oldest first: jobs the store lists ``running``,
+    then ``queued``) the scheduler takes now. ``held``: task name -> tenant of the
+    jobs it holds. A job that was running before a restart is always taken back;
+    a queued one only while its tenant holds fewer than ``max_running`` jobs and
+    the scheduler fewer than ``max_tasks``. The others stay queued, never fail."""
+    held = dict(held)
+    out = []
+    for job in candidates:
+        if job.task_name in held:
+            continue
+        if len(held) >= max_tasks:
+            break
+        mine = sum(t == job.tenant_id for t in held.values())
+        if job.status == "queued" and mine >= max_running:
+            continue
+        held[job.task_name] = job.tenant_id
+        out.append(job)
+    return out

@@ -262,17 +262,15 @@ class ServiceRunner(MultiTaskTrainer):
     def _admit(self) -> None:
         """Hand queued (and, after a restart, running) jobs to the runtime, as far
         as the per-tenant running limit and ``service.max_tasks`` allow."""
-        for job in self.jobs.jobs_with_status(RUNNING, QUEUED):
+        running = self.jobs.jobs_with_status(RUNNING)
+        queued = self.jobs.jobs_with_status(QUEUED)
+        with self._lock:
+            held = {t: a.tenant_id for t, a in self.admitted.items()}
+        for job in jobspec.to_admit(
+            running + queued, held, self.svc.max_running_jobs, self.svc.max_tasks
+        ):
             if self.stop.is_set():
                 return
-            with self._lock:
-                if job.task_name in self.admitted:
-                    continue
-                if len(self.admitted) >= self.svc.max_tasks:
-                    return
-                mine = sum(a.tenant_id == job.tenant_id for a in self.admitted.values())
-            if job.status == QUEUED and mine >= self.svc.max_running_jobs:
-                continue
             self._hand_over(job)
 
     def _hand_over(self, job: Job) -> None:
@@ -313,6 +311,7 @@ class ServiceRunner(MultiTaskTrainer):
                 job.id, job.tenant_id, spec.name, spec.total_steps
             )
         self.jobs.set_plan(job.id, steps_total=spec.total_steps)
+        self.screen.add(spec.name, task.start_version, spec.total_steps)
         runtime.add(task)
         logger.info(f"job {job.id} handed to the scheduler as {spec.name}")
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from areal.utils import logging
-from sqlalchemy import Select, func, select, update
+from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -755,60 +755,6 @@ class JobStore:
             )
 
     # -- jobs: the scheduler side (the one writer of progress) ----------------------
-    def claim_next_job(
-        self,
-        from_status: str,
-        to_status: str,
-        *,
-        max_running_per_tenant: int | None = None,
-        message: str | None = None,
-    ) -> Job | None:
-        """Move the oldest job in ``from_status`` to ``to_status`` and return it
-        (None when there is none). Jobs with an unhandled cancel/pause are skipped
-        (apply :meth:`pending_actions` first); moving to ``running`` skips tenants
-        already running ``max_running_per_tenant`` jobs, so those jobs stay queued."""
-        _check_transition(from_status, to_status)
-        with self._write() as s:
-            candidates = s.scalars(
-                select(Job).where(Job.status == from_status).order_by(Job.seq)
-            ).all()
-            if not candidates:
-                return None
-            pending = self._pending(s, [j.id for j in candidates])
-            running: dict[str, int] = {}
-            if to_status == RUNNING and max_running_per_tenant is not None:
-                running = dict(
-                    s.execute(
-                        select(Job.tenant_id, func.count())
-                        .where(Job.status == RUNNING)
-                        .group_by(Job.tenant_id)
-                    ).all()
-                )
-            for job in candidates:
-                if effective_status(job.status, pending.get(job.id, [])) in (
-                    CANCELLED,
-                    PAUSED,
-                ):
-                    continue
-                if (
-                    max_running_per_tenant is not None
-                    and running.get(job.tenant_id, 0) >= max_running_per_tenant
-                ):
-                    continue
-                # Conditional update: a second claimer (if any) cannot take it too.
-                done = s.execute(
-                    update(Job)
-                    .where(Job.id == job.id, Job.status == from_status)
-                    .values(status=to_status)
-                    .execution_options(synchronize_session=False)
-                )
-                if done.rowcount != 1:
-                    continue
-                job.status = to_status
-                self._on_status(s, job, to_status, message, "info", None)
-                return job
-        return None
-
     @staticmethod
     def _pending(s: Session, job_ids: list[str]) -> dict[str, list[str]]:
         out: dict[str, list[str]] = defaultdict(list)

@@ -42,8 +42,16 @@ class TaskKind:
 
 def _arithmetic(op: str) -> Callable[[TaskSpec], list[dict]]:
     def load(spec: TaskSpec) -> list[dict]:
-        size = spec.dataset.size or DEFAULT_SYNTHETIC_SIZE
-        return make_arithmetic_rows(op, size, spec.dataset.digits, spec.seed)
+        ds = spec.dataset
+        return make_arithmetic_rows(
+            op,
+            ds.size or DEFAULT_SYNTHETIC_SIZE,
+            ds.digits,
+            spec.seed,
+            split=ds.split,
+            holdout=ds.holdout,
+            digits2=ds.digits2 or None,
+        )
 
     return load
 

@@ -91,6 +91,11 @@ class Screen:
         names = ", ".join(f"{n} ({v}/{t})" for n, (v, t) in tasks.items())
         self.print(f"training {names}; set-up took {setup_s:.1f}s")
 
+    def add(self, name: str, start_version: int, total: int) -> None:
+        """A task that joined later (a service job)."""
+        with self._lock:
+            self.tasks[name] = (start_version, total)
+
     def step(self, r: dict[str, Any]) -> int:
         """One committed step; returns how many were committed so far."""
         with self._lock:
