@@ -139,9 +139,13 @@ def _train(rest: list[str]) -> int:
 def _bench_learning(rest: list[str]) -> int:
     """Held-out accuracy of every task, alone and among tenants, over seeds."""
     import argparse
+    import tempfile
+
+    from omegaconf import OmegaConf, open_dict
 
     from areal_marlaas.bench.learning import LearningBench, format_markdown
     from areal_marlaas.config import load_config
+    from areal_marlaas.config.loader import compose_yaml, parse_args
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--out", default="docs/results/learning")
@@ -150,10 +154,25 @@ def _bench_learning(rest: list[str]) -> int:
     parser.add_argument("--eval-prompts", type=int, default=64)
     parser.add_argument("--eval-samples", type=int, default=4)
     opts, rest = parser.parse_known_args(rest)
-    cfg, _ = load_config(rest)
+    cfg, config_file = load_config(rest)
+    args = parse_args(rest)
+    # Every run starts from the main YAML without its tasks (given per run).
+    raw = compose_yaml(config_file)
+    with open_dict(raw):
+        raw.pop("tasks", None)
+        raw.pop("tasks_file", None)
+    base = Path(tempfile.mkdtemp(prefix="marlaas-learning-")) / "train.yaml"
+    OmegaConf.save(raw, base)
     seeds = [int(s) for s in opts.seeds.split(",") if s.strip()]
     bench = LearningBench(
-        cfg, Path(opts.out), seeds, opts.steps, opts.eval_prompts, opts.eval_samples
+        cfg,
+        str(base),
+        args.overrides,
+        Path(opts.out),
+        seeds,
+        opts.steps,
+        opts.eval_prompts,
+        opts.eval_samples,
     )
     print(format_markdown(bench.run()))
     return 0

@@ -16,6 +16,8 @@ import dataclasses
 import json
 import math
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -78,9 +80,16 @@ def overlap(task: TaskSpec, eval_rows: list[dict]) -> int:
 
 
 class LearningBench:
+    """``base_yaml`` and ``overrides``: what every training run starts from (the
+    main YAML without its tasks, and the command line's non-task overrides);
+    each run is its own ``marlaas train`` process, so memory is freed between
+    runs."""
+
     def __init__(
         self,
         cfg: MARLaaSConfig,
+        base_yaml: str,
+        overrides: list[str],
         out: Path,
         seeds: list[int],
         steps: int,
@@ -88,6 +97,10 @@ class LearningBench:
         eval_samples: int,
     ):
         self.cfg = cfg
+        self.base_yaml = base_yaml
+        self.overrides = [
+            o for o in overrides if not o.lstrip("+~").startswith(("tasks.", "tasks="))
+        ]
         self.out = out
         self.seeds = seeds
         self.steps = steps
@@ -104,22 +117,39 @@ class LearningBench:
         ]
 
     def train(self, label: str, tasks: list[TaskSpec]) -> dict[str, Any]:
-        from areal_marlaas.train.screen import format_summary
-        from areal_marlaas.train.trainer import MultiTaskTrainer
+        """One ``marlaas train`` process on the bench's server (in-process
+        engines: the lightest placement)."""
+        from areal_marlaas.bench.run import write_tasks_yaml
+        from areal_marlaas.procs import tail
 
-        cfg = dataclasses.replace(
-            self.cfg,
-            trial_name=label,
-            tasks=tasks,
-            cluster=dataclasses.replace(self.cfg.cluster, fileroot=str(self.work)),
-            server=dataclasses.replace(self.cfg.server, addresses=[self.address]),
-            scheduler=dataclasses.replace(self.cfg.scheduler, type=None),
-        )
+        tasks_yaml = self.work / f"{label}.tasks.yaml"
+        write_tasks_yaml(tasks, tasks_yaml)
+        cmd = [
+            sys.executable,
+            "-m",
+            "areal_marlaas.train",
+            "--config",
+            self.base_yaml,
+            "--tasks",
+            str(tasks_yaml),
+            *self.overrides,
+            f"trial_name={label}",
+            f"cluster.fileroot={self.work}",
+            f"server.addresses=['{self.address}']",
+            "scheduler.type=null",
+        ]
+        log = self.work / f"{label}.log"
         t0 = time.monotonic()
-        summary = MultiTaskTrainer(cfg).run()
-        print(format_summary(summary), flush=True)
+        with open(log, "wb") as out:
+            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
+        run_dir = self.work / self.cfg.experiment_name / label
+        summary_path = run_dir / "summary.json"
+        if not summary_path.is_file():
+            raise RuntimeError(f"run {label} failed (rc {rc}):\n{tail(log, 30)}")
+        summary = json.loads(summary_path.read_text())
+        print(f"[learning] {label}: rc {rc}, {time.monotonic() - t0:.0f}s", flush=True)
         return {
-            "run_dir": summary["run_dir"],
+            "run_dir": str(run_dir),
             "wall_s": time.monotonic() - t0,
             "tasks": {
                 n: {k: t.get(k) for k in ("status", "steps", "error")}

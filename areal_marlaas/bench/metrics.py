@@ -84,6 +84,7 @@ def utilization(
         "train_util_cpu": None,
         "idle_pct": None,
         "rollout_busy_gauge": None,
+        "train_sys_share": None,
     }
     span = end - start
     samples = sorted(samples, key=lambda s: s["t"])
@@ -95,6 +96,12 @@ def utilization(
     )
     out["rollout_util_cpu"] = server / (span * server_cores)
     out["train_util_cpu"] = trainer / (span * trainer_cores)
+    if all("trainer_sys" in x for x in samples):
+        sys_s = _interp(samples, "trainer_sys", end) - _interp(
+            samples, "trainer_sys", start
+        )
+        # Kernel time of the trainer: thread oversubscription shows up here.
+        out["train_sys_share"] = sys_s / trainer if trainer > 0 else None
     out["idle_pct"] = 100 * max(0.0, 1 - (server + trainer) / (span * total_cores))
     inside = [s for s in samples if start <= s["t"] <= end and "running" in s]
     if inside:

@@ -21,6 +21,7 @@ class RunPlan:
     tasks: list[TaskSpec]
     group: str  # mode | ablation | sweep
     overrides: dict[str, str] = field(default_factory=dict)
+    scheduler: str = "null"  # null: in-process trainer; local: AReaL workers
 
     @property
     def tenants(self) -> int:
@@ -60,7 +61,11 @@ def plan_runs(bench: BenchConfig, cfg: MARLaaSConfig) -> list[RunPlan]:
     plans = []
     for mode in bench.modes:
         placement = "collocated" if mode == "collocated" else "disaggregated"
-        plans.append(RunPlan(mode, mode, placement, tasks, "mode"))
+        for sched in bench.schedulers:
+            label = mode if sched == "null" else f"{mode}@{sched}"
+            plans.append(
+                RunPlan(label, mode, placement, tasks, "mode", scheduler=sched)
+            )
     for name in bench.ablations:
         mode, extra = ABLATIONS[name]
         plans.append(

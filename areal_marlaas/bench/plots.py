@@ -156,7 +156,12 @@ def _natural(name: str):
 
 def plot_all(result: dict[str, Any], out: Path) -> list[Path]:
     runs = {r["label"]: r for r in result["runs"] if r.get("metrics")}
-    main = [lbl for lbl, r in runs.items() if r["group"] in ("mode", "ablation")]
+    # One timeline per configuration: its first repeat.
+    main = [
+        lbl
+        for lbl, r in runs.items()
+        if r["group"] in ("mode", "ablation") and r.get("repeat", 0) == 0
+    ]
     written = []
     timelines = {lbl: read_jsonl(out / "runs" / lbl / "events.jsonl") for lbl in main}
     if timelines:
@@ -168,10 +173,11 @@ def plot_all(result: dict[str, Any], out: Path) -> list[Path]:
         cores = {lbl: runs[lbl]["cores"] for lbl in main}
         plot_utilization(samples, cores, out / "utilization.png")
         written.append(out / "utilization.png")
+    first = {r.get("config", r["label"]): r for r in reversed(list(runs.values()))}
     points = [
-        (int(k), runs[lbl]["metrics"])
-        for k, lbl in result.get("sweep", {}).items()
-        if lbl in runs
+        (int(k), first[cfg]["metrics"])
+        for k, cfg in result.get("sweep", {}).items()
+        if cfg in first
     ]
     if points:
         plot_concurrency(points, out / "concurrency.png")

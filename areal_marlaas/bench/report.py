@@ -105,6 +105,96 @@ MD_COLUMNS = [
 ]
 
 
+# Metrics aggregated over repeats: (header, metric key or ratio key, digits, pct).
+AGG_COLUMNS = (
+    ("wall s", "wall_s", 1, False),
+    ("steps/h", "train_steps_per_hour", 1, False),
+    ("speedup vs seq", "ratio:speedup_vs_sequential", 2, False),
+    ("rollout util (CPU)", "rollout_util_cpu", 2, True),
+    ("train util (CPU)", "train_util_cpu", 2, True),
+    ("trainer sys share", "train_sys_share", 2, True),
+    ("TTFS p50 s", "ttfs_p50_s", 1, False),
+    ("TPTS p50 s", "tpts_p50_s", 1, False),
+)
+
+
+def _value(r: dict[str, Any], key: str) -> float | None:
+    if key.startswith("ratio:"):
+        return r.get("ratios", {}).get(key[len("ratio:") :])
+    return (r.get("metrics") or {}).get(key)
+
+
+def mean_sd(xs: list[float]) -> tuple[float | None, float | None]:
+    import statistics
+
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None, None
+    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else None
+
+
+def _ms(xs: list[float], digits: int, pct: bool) -> str:
+    mean, sd = mean_sd(xs)
+    if mean is None:
+        return "-"
+    scale, unit = (100, "%") if pct else (1, "")
+    text = f"{mean * scale:.{0 if pct else digits}f}{unit}"
+    if sd is not None:
+        text += f" +- {sd * scale:.{0 if pct else digits}f}"
+    return text
+
+
+def aggregate(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per configuration: its successful repeats' metrics, mean +- sd."""
+    configs: dict[str, list[dict[str, Any]]] = {}
+    for r in result["runs"]:
+        configs.setdefault(r.get("config", r["label"]), []).append(r)
+    rows = []
+    for config, runs in configs.items():
+        ok = [r for r in runs if r["status"] == "ok"]
+        first = runs[0]
+        row = {
+            "config": config,
+            "mode": first["mode"],
+            "scheduler": first.get("scheduler", "null"),
+            "placement": first["placement"],
+            "tenants": first["tenants"],
+            "ok": len(ok),
+            "n": len(runs),
+        }
+        for header, key, digits, pct in AGG_COLUMNS:
+            row[header] = _ms([_value(r, key) for r in ok], digits, pct)
+            row[key] = mean_sd([_value(r, key) for r in ok])
+        rows.append(row)
+    return rows
+
+
+def train_times(result: dict[str, Any]) -> list[str]:
+    """Per configuration: the mean train phase of each task's first step and of
+    its later ones (a first-step warm-up shows as a gap)."""
+    lines = [
+        "",
+        "Train phase per step (s, mean over tasks and repeats): each task's first "
+        "step vs its later steps.",
+        "",
+        "| run | first step | later steps |",
+        "|---|---|---|",
+    ]
+    configs: dict[str, tuple[list[float], list[float]]] = {}
+    for r in result["runs"]:
+        by_task = r.get("train_s_by_task") or {}
+        first, later = configs.setdefault(r.get("config", r["label"]), ([], []))
+        for times in by_task.values():
+            if times:
+                first.append(times[0])
+                later.extend(times[1:])
+    if not any(f for f, _ in configs.values()):
+        return []
+    for config, (first, later) in configs.items():
+        lines.append(f"| {config} | {_ms(first, 1, False)} | {_ms(later, 1, False)} |")
+    return lines
+
+
 def format_markdown(result: dict[str, Any]) -> str:
     b = result["bench"]
     lines = [
@@ -120,6 +210,35 @@ def format_markdown(result: dict[str, Any]) -> str:
         f"{b['server_cpus']}, trainer on {b['trainer_cpus']}; collocated: both on "
         f"{b['collocated_cpus']}. Utilization = CPU time of the process tree / (window"
         " x its cores); gauge = share of samples with `num_requests_running > 0`.",
+        "",
+    ]
+    if result.get("machine"):
+        from areal_marlaas.bench.machine import describe
+
+        lines += [f"Machine: {describe(result['machine'])}.", ""]
+    headers = [h for h, *_ in AGG_COLUMNS]
+    lines += [
+        f"Mean +- sd over {b.get('repeats', 1)} interleaved repeat(s) per "
+        "configuration (`@local`: the trainer as AReaL LocalScheduler workers, the "
+        "default path; otherwise in the run's process).",
+        "",
+        "| run | mode | trainer | tenants | ok | " + " | ".join(headers) + " |",
+        "|" + "---|" * (5 + len(headers)),
+    ]
+    for row in aggregate(result):
+        cells = [
+            row["config"],
+            row["mode"],
+            "LocalScheduler" if row["scheduler"] == "local" else "in-process",
+            str(row["tenants"]),
+            f"{row['ok']}/{row['n']}",
+            *(row[h] for h in headers),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += train_times(result)
+    lines += [
+        "",
+        "Every run:",
         "",
         "| " + " | ".join(c for c, _ in MD_COLUMNS) + " |",
         "|" + "---|" * len(MD_COLUMNS),

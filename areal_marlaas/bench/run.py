@@ -21,6 +21,7 @@ from areal.utils import logging
 from omegaconf import OmegaConf, open_dict
 
 from areal_marlaas.admission import KVModel
+from areal_marlaas.bench.machine import describe, machine
 from areal_marlaas.bench.metrics import ratios, run_metrics
 from areal_marlaas.bench.plan import (
     PLACEMENTS,
@@ -41,6 +42,7 @@ from areal_marlaas.config import (
 from areal_marlaas.config.loader import compose_yaml, parse_args, resolve_tasks_path
 from areal_marlaas.metrics.report import phase_stats
 from areal_marlaas.metrics.runlog import load_run
+from areal_marlaas.placement import parse_cpus, pin_current_process
 from areal_marlaas.procs import stop_group, tail
 
 logger = logging.getLogger("MARLaaSBench")
@@ -134,19 +136,23 @@ class Bench:
         self.out = Path(bench.out)
         self.plans = plan_runs(bench, cfg)
         self.kv_bytes = _kv_estimator(cfg)
+        self.machine = machine()
 
-    def train_command(self, plan: RunPlan, address: str, tasks_yaml: Path) -> list:
+    def train_command(
+        self, plan: RunPlan, address: str, tasks_yaml: Path, label: str
+    ) -> list:
         cpus = placement_cpus(self.bench, plan.placement)
         overrides = {
             "experiment_name": self.cfg.experiment_name,
-            "trial_name": plan.label,
+            "trial_name": label,
             "cluster.fileroot": str(self.work),
             "server.addresses": f"['{address}']",
-            "scheduler.type": "null",
+            "scheduler.type": plan.scheduler,
             "scheduler.mode": plan.mode,
-            "scheduler.trainer_cpus": cpus["trainer_cpus"],
             **plan.overrides,
         }
+        if plan.scheduler == "null":  # in-process: pin and size torch's threads
+            overrides["scheduler.trainer_cpus"] = cpus["trainer_cpus"]
         return [
             sys.executable,
             "-m",
@@ -180,16 +186,28 @@ class Bench:
         server.start()
         return server
 
-    def execute(self, plan: RunPlan, server, out_dir: Path | None) -> dict[str, Any]:
-        """One ``marlaas train`` subprocess, sampled; its metrics (or error)."""
-        tasks_yaml = self.work / f"{plan.label}.tasks.yaml"
+    def execute(
+        self, plan: RunPlan, server, out_dir: Path | None, repeat: int = 0
+    ) -> dict[str, Any]:
+        """One ``marlaas train`` subprocess, sampled; its metrics (or error). The
+        subprocess (and any LocalScheduler workers it starts, which inherit its
+        affinity and size their threads to it) runs on the trainer's cores."""
+        label = plan.label if self.bench.repeats == 1 else f"{plan.label}.r{repeat}"
+        tasks_yaml = self.work / f"{label}.tasks.yaml"
         write_tasks_yaml(plan.tasks, tasks_yaml)
-        cmd = self.train_command(plan, server.address, tasks_yaml)
-        log_path = self.work / f"{plan.label}.log"
-        run_dir = self.work / self.cfg.experiment_name / plan.label
+        cmd = self.train_command(plan, server.address, tasks_yaml, label)
+        log_path = self.work / f"{label}.log"
+        run_dir = self.work / self.cfg.experiment_name / label
         shutil.rmtree(run_dir, ignore_errors=True)
+        cpus = parse_cpus(
+            placement_cpus(self.bench, plan.placement)["trainer_cpus"],
+            "bench.trainer_cpus",
+        )
         result: dict[str, Any] = {
-            "label": plan.label,
+            "label": label,
+            "config": plan.label,
+            "repeat": repeat,
+            "scheduler": plan.scheduler,
             "mode": plan.mode,
             "placement": plan.placement,
             "group": plan.group,
@@ -214,7 +232,11 @@ class Bench:
         t_start = time.monotonic()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=(lambda: pin_current_process(cpus)) if cpus else None,
             )
         sampler = UtilizationSampler(
             server.process.pid if server.process else None,
@@ -241,11 +263,16 @@ class Bench:
         result["status"] = "ok" if ok else ("timeout" if rc is None else "failed")
         if not ok:
             result["log_tail"] = tail(log_path, 25)
+        if run["steps"]:
+            by_task: dict[str, list[float]] = {}
+            for step in sorted(run["steps"], key=lambda x: x["t_commit"]):
+                by_task.setdefault(step["task"], []).append(round(step["train_s"], 3))
+            result["train_s_by_task"] = by_task
         if run["events"]:
             result["metrics"] = run_metrics(run, samples, cores)
             result["phases"] = phase_stats(run_dir)
             if out_dir is not None:
-                compact_run(run, samples, out_dir / "runs" / plan.label, 400)
+                compact_run(run, samples, out_dir / "runs" / label, 400)
         if not self.bench.keep_adapters:
             shutil.rmtree(run_dir / "tasks", ignore_errors=True)
         return result
@@ -262,8 +289,9 @@ class Bench:
         self.base_yaml = str(self.work / "train.yaml")
         t0 = time.monotonic()
         results: dict[str, dict[str, Any]] = {}
-        total = len(self.plans)
+        total = len(self.plans) * self.bench.repeats
         done = 0
+        print(f"[bench] machine: {describe(self.machine)}", flush=True)
         servers: dict[str, float | None] = {}
         for placement in PLACEMENTS:
             plans = [p for p in self.plans if p.placement == placement]
@@ -301,27 +329,38 @@ class Bench:
                     )
                     if w["status"] != "ok":
                         logger.warning(f"warm-up run failed: {w.get('log_tail', '')}")
-                for p in plans:
-                    done += 1
-                    if not server.alive():  # a crashed server fails one run only
-                        logger.error(f"{placement} server died; restarting it")
-                        server.stop()
-                        server = self.start_server(placement)
-                    print(
-                        f"[bench {done}/{total}] {p.label}: mode={p.mode} "
-                        f"placement={placement} tenants={p.tenants} ...",
-                        flush=True,
-                    )
-                    r = self.execute(p, server, self.out)
-                    results[p.label] = r
-                    print(f"[bench {done}/{total}] {format_result(r)}", flush=True)
+                # Interleaved: every configuration once, then again, so drift
+                # (thermal, other load) hits every mode alike.
+                for repeat in range(self.bench.repeats):
+                    for p in plans:
+                        done += 1
+                        if not server.alive():  # a crash fails one run only
+                            logger.error(f"{placement} server died; restarting it")
+                            server.stop()
+                            server = self.start_server(placement)
+                        print(
+                            f"[bench {done}/{total}] {p.label} (repeat {repeat}): "
+                            f"mode={p.mode} scheduler={p.scheduler} "
+                            f"placement={placement} tenants={p.tenants} ...",
+                            flush=True,
+                        )
+                        r = self.execute(p, server, self.out, repeat)
+                        results[r["label"]] = r
+                        print(f"[bench {done}/{total}] {format_result(r)}", flush=True)
             finally:
                 server.stop()
-        metrics = {k: r["metrics"] for k, r in results.items() if "metrics" in r}
-        rat = ratios(metrics)
-        for k, r in results.items():
-            r["ratios"] = rat.get(k, {})
+        # Ratios within each repeat (against that repeat's sequential run).
+        for repeat in range(self.bench.repeats):
+            mine = {
+                r["config"]: r
+                for r in results.values()
+                if r.get("repeat") == repeat and "metrics" in r
+            }
+            rat = ratios({c: r["metrics"] for c, r in mine.items()})
+            for c, r in mine.items():
+                r["ratios"] = rat.get(c, {})
         bench_result = {
+            "machine": self.machine,
             "bench": dataclasses.asdict(self.bench),
             "model": Path(self.cfg.vllm.model).name,
             "experiment_name": self.cfg.experiment_name,
@@ -329,11 +368,11 @@ class Bench:
             "kv_capacity_bytes": int(self.cfg.server.cpu_kvcache_space_gib * 2**30),
             "max_num_seqs": self.cfg.vllm.max_num_seqs,
             "total_s": time.monotonic() - t0,
-            "runs": [results[p.label] for p in self.plans if p.label in results],
+            "runs": list(results.values()),
             "sweep": {
                 str(k): v
                 for k, v in sweep_labels(self.bench, self.cfg).items()
-                if v in results
+                if any(r.get("config") == v for r in results.values())
             },
         }
         write_outputs(bench_result, self.out)

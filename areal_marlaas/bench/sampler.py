@@ -16,7 +16,7 @@ from areal_marlaas.rollout.metrics import scrape
 logger = logging.getLogger("MARLaaSBenchSampler")
 
 
-def tree_cpu_seconds(pid: int | None) -> float:
+def tree_cpu_seconds(pid: int | None, system_only: bool = False) -> float:
     """User + system CPU seconds of ``pid`` and its live descendants (threads
     included; a descendant that already exited is no longer counted, so the
     bench keeps the long-lived processes: vLLM's API server and engine core, the
@@ -32,7 +32,7 @@ def tree_cpu_seconds(pid: int | None) -> float:
     for p in procs:
         try:
             t = p.cpu_times()
-            total += t.user + t.system
+            total += t.system if system_only else t.user + t.system
         except psutil.Error:
             continue
     return total
@@ -63,6 +63,7 @@ class UtilizationSampler:
             "t": time.time(),
             "server_cpu": tree_cpu_seconds(self.server_pid),
             "trainer_cpu": tree_cpu_seconds(self.trainer_pid),
+            "trainer_sys": tree_cpu_seconds(self.trainer_pid, system_only=True),
         }
         if self.address:
             try:

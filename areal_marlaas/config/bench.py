@@ -8,6 +8,9 @@ from areal_marlaas.config.run import MARLaaSConfig
 from areal_marlaas.errors import ConfigError
 from areal_marlaas.scheduler.core import MODES
 
+# How the trainer runs in a bench run: in the bench's subprocess, or as AReaL
+# LocalScheduler workers (marlaas train's default placement).
+SCHEDULERS = ("null", "local")
 # ablation -> (mode, extra train overrides)
 ABLATIONS: dict[str, tuple[str, dict[str, str]]] = {
     "no_multi_lora": ("async", {"scheduler.multi_lora": "false"}),
@@ -46,6 +49,22 @@ class BenchConfig:
     concurrency: list[int] = field(
         default_factory=lambda: [1, 2, 4, 8],
         metadata={"help": "Tenant counts of the sweep (empty = no sweep)."},
+    )
+    repeats: int = field(
+        default=3,
+        metadata={
+            "help": "Times every configuration runs; tables show mean +- sd. "
+            "Repeats are interleaved (all configurations once, then again) so "
+            "drift hits every mode alike."
+        },
+    )
+    schedulers: list[str] = field(
+        default_factory=lambda: ["null"],
+        metadata={
+            "help": f"Trainer placements of the mode runs, of {list(SCHEDULERS)}: "
+            "null = in the run's process, local = AReaL LocalScheduler workers "
+            "(the default path of marlaas train)."
+        },
     )
     sweep_mode: str = field(
         default="async", metadata={"help": "Scheduler mode of the sweep runs."}
@@ -102,6 +121,16 @@ class BenchConfig:
                     f"bench.ablations: unknown ablation {a!r}; use some of "
                     f"{list(ABLATIONS)} (without asynchrony is mode sync)."
                 )
+        if self.repeats < 1:
+            raise ConfigError(f"bench.repeats must be >= 1, got {self.repeats}.")
+        for sched in self.schedulers:
+            if sched not in SCHEDULERS:
+                raise ConfigError(
+                    f"bench.schedulers: unknown {sched!r}; use some of "
+                    f"{list(SCHEDULERS)}."
+                )
+        if not self.schedulers:
+            raise ConfigError("bench.schedulers: give at least one (null).")
         if self.replicas < 0:
             raise ConfigError(f"bench.replicas must be >= 0, got {self.replicas}.")
         if self.task and self.replicas < 1:
