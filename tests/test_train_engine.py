@@ -15,7 +15,7 @@ from areal.utils.network import find_free_ports
 from transformers import AutoModelForCausalLM
 
 from areal_marlaas.models import make_tiny_model
-from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor, StaleBatchError
+from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor, StaleBatchError, _full
 
 from .helpers import assert_bitwise_equal, lora_snapshot, optimizer_snapshot
 
@@ -50,13 +50,17 @@ def tiny(tmp_path_factory):
 
 def make_engine(path, cls=MultiLoRAFSDPPPOActor, **overrides):
     # MARLaaS's actor defaults: one optimizer step per batch, no reference model.
-    overrides = {"ppo_n_minibatches": 1, "kl_ctl": 0.0, **overrides}
+    overrides = {
+        "ppo_n_minibatches": 1,
+        "kl_ctl": 0.0,
+        "attn_impl": "sdpa",
+        **overrides,
+    }
     cfg = PPOActorConfig(
         experiment_name="test",
         trial_name="engine",
         path=str(path),
         backend="fsdp:d1",
-        attn_impl="sdpa",
         dtype="float32",
         use_lora=True,
         lora_rank=8,
@@ -113,9 +117,16 @@ def max_diff(out, ref, lens):
     )
 
 
+class MaskedSdpaActor(MultiLoRAFSDPPPOActor):
+    """The engine with transformers' sdpa over the whole pack (the reference)."""
+
+    packed_attention = False
+
+
+@pytest.mark.parametrize("cls", [MaskedSdpaActor, MultiLoRAFSDPPPOActor])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_packed_forward_matches_per_sequence_hf_forward(arch, tiny):
-    engine = make_engine(tiny[arch])
+def test_packed_forward_matches_per_sequence_hf_forward(arch, cls, tiny):
+    engine = make_engine(tiny[arch], cls=cls)
     engine.add_task("a", lr=1e-3, total_steps=1, n_samples=3, seed=0)
     engine.switch_task("a")  # B=0: the adapter is the identity
     batch = ragged_batch([12, 7, 20])
@@ -231,3 +242,44 @@ def test_a_batch_the_server_served_under_another_name_is_refused(tiny):
         assert out["version"] == 1 and out["audit"]["served_adapters"] == ["a-v0"]
     finally:
         engine.destroy()
+
+
+def test_packed_attention_gives_the_same_update_as_sdpa(tiny):
+    """The CPU attention path (per-sequence sdpa, no page padding) changes how
+    the step is computed, not the update: the same loss, grad norm and gradient
+    of every LoRA tensor as AReaL's sdpa path, within float32 summation order.
+    (Adam's first step is sign(g) x lr, so the new weights would flip on
+    gradients that are ~0 in both: the gradients are what is compared.)"""
+    out = {}
+    for attn, cls in (("sdpa", MaskedSdpaActor), ("packed", MultiLoRAFSDPPPOActor)):
+        engine = make_engine(tiny["llama"], cls=cls)
+        try:
+            engine.add_task("a", lr=1e-2, total_steps=3, n_samples=2, seed=0)
+            grads = {}
+            opt = engine.slots["a"].optimizer
+            step = opt.step
+
+            def record(*args, _step=step, **kwargs):
+                for n, p in engine._lora.items():
+                    grads[n] = _full(p.grad).detach().clone()
+                return _step(*args, **kwargs)
+
+            opt.step = record
+            batch = ragged_batch([9, 31, 5, 14], seed=3)
+            stats = engine.train_task("a", [batch])["stats"]
+            out[attn] = (
+                stats["marlaas/a/ppo_actor/update/actor_loss/avg"],
+                stats["marlaas/a/ppo_actor/update/grad_norm"],
+                grads,
+                engine.model.config._attn_implementation,
+            )
+        finally:
+            engine.destroy()
+    (l1, g1, d1, impl1), (l2, g2, d2, impl2) = out["sdpa"], out["packed"]
+    assert (impl1, impl2) == ("sdpa", "marlaas_packed")
+    assert l1 == pytest.approx(l2, rel=1e-4, abs=1e-6)
+    assert g1 == pytest.approx(g2, rel=1e-4)
+    assert g1 > 0 and d1.keys() == d2.keys()  # a real update
+    scale = max(float(d.abs().max()) for d in d1.values())
+    for name in d1:
+        assert torch.allclose(d1[name], d2[name], rtol=1e-3, atol=1e-5 * scale), name

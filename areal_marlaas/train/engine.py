@@ -36,6 +36,7 @@ from transformers import (
 )
 
 from areal_marlaas.adapters import adapter_name
+from areal_marlaas.train.attention import PACKED
 from areal_marlaas.trajectory import generated_versions, served_adapters
 
 logger = logging.getLogger("MARLaaSTrainEngine")
@@ -141,12 +142,50 @@ def eager_on_cpu() -> bool:
     return True
 
 
+def _strip_padding(mb: dict[str, Any], pad: int) -> dict[str, Any]:
+    """A padded, unsqueezed micro-batch ([1, L] tensors; the padding is one extra
+    sequence at the end of ``cu_seqlens``) without its padding."""
+    if not pad:
+        return mb
+    length = int(mb["cu_seqlens"][-1])
+    cu = mb["cu_seqlens"][:-1]
+    longest = int((cu[1:] - cu[:-1]).max())
+    out = {}
+    for key, value in mb.items():
+        if key in ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k"):
+            out[key] = cu
+        elif key in ("max_seqlen", "max_length_q", "max_length_k"):
+            out[key] = longest
+        elif torch.is_tensor(value) and value.ndim >= 2 and value.shape[1] == length:
+            out[key] = value[:, : length - pad]
+        else:
+            out[key] = value
+    return out
+
+
 class PackedAttentionMaskFix:
     """AReaL passes ``{"full_attention": None, ...}`` as the attention mask of a
     packed micro-batch, which only varlen flash attention reads correctly: with
     sdpa/eager it crashes on Llama and, on Qwen3, attends across sequence
     boundaries. With no mask, transformers builds a block-diagonal causal mask
-    from the per-sequence position_ids."""
+    from the per-sequence position_ids.
+
+    On a CPU-only machine with ``attn_impl=sdpa`` (``packed_attention``), the
+    model instead runs ``marlaas_packed`` attention (``train/attention.py``):
+    per-sequence causal sdpa, no mask over the whole pack, no page padding."""
+
+    packed_attention = True
+
+    def _packed(self) -> bool:
+        return (
+            self.packed_attention
+            and self.config.attn_impl == "sdpa"
+            and not torch.cuda.is_available()
+        )
+
+    def _use_packed_attention(self) -> None:
+        if self._packed():
+            self.model.config._attn_implementation = PACKED
 
     def _prepare_mb_list(self, input_: dict[str, Any]):
         mb_list = super()._prepare_mb_list(input_)
@@ -154,6 +193,15 @@ class PackedAttentionMaskFix:
             for mb in [*mb_list.mbs, *(mb_list.padded_mbs or [])]:
                 if isinstance(mb.get("attention_mask"), dict):
                     mb["attention_mask"] = None
+        if self._packed() and mb_list.padded_mbs is not None:
+            # AReaL pads each micro-batch to a multiple of 256 tokens (a GPU page):
+            # on a CPU that is only extra work (582 tokens -> 768).
+            mb_list.padded_mbs = [
+                _strip_padding(mb, pad)
+                for mb, pad in zip(mb_list.padded_mbs, mb_list.padding_lengths)
+            ]
+            mb_list.padding_lengths = [0] * len(mb_list.mbs)
+            mb_list.padded_to_lengths = list(mb_list.group_lens)
         return mb_list
 
 
@@ -163,7 +211,9 @@ class CPUFixedFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
 
     def initialize(self, *args, **kwargs):
         eager_on_cpu()
-        return super().initialize(*args, **kwargs)
+        out = super().initialize(*args, **kwargs)
+        self._use_packed_attention()
+        return out
 
 
 class OnPolicyFSDPPPOActor(CPUFixedFSDPPPOActor):
@@ -211,6 +261,7 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
     def initialize(self, addr: str | None, ft_spec: FinetuneSpec, *args, **kwargs):
         eager_on_cpu()
         super().initialize(addr, ft_spec, *args, **kwargs)
+        self._use_packed_attention()
         self._lora = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         if not self._lora or not all("lora_" in n for n in self._lora):
             raise RuntimeError("expected only LoRA parameters to be trainable")
