@@ -521,7 +521,7 @@ def test_grader_to_dict_round_trips():
 
 
 @pytest.fixture
-def marlaas_type():
+def demo_type():
     def parse(spec: dict, param: str):
         if spec.get("kind") not in ("addition", "gsm8k"):
             raise GraderError(
@@ -533,17 +533,17 @@ def marlaas_type():
     async def run(kind, sample, item, ctx):
         return float(sample["output_text"].strip() == str(item["answer"]))
 
-    register_grader_type("marlaas", parse, run)
+    register_grader_type("demo_kind", parse, run)
     yield
-    unregister_grader_type("marlaas")
+    unregister_grader_type("demo_kind")
 
 
-def test_registered_type_parses_runs_and_nests(marlaas_type):
-    spec = {"type": "marlaas", "name": "m", "kind": "addition"}
+def test_registered_type_parses_runs_and_nests(demo_type):
+    spec = {"type": "demo_kind", "name": "m", "kind": "addition"}
     assert grade(spec, "12", {"answer": 12}).reward == 1.0
     assert grader_to_dict(parse_grader(spec)) == spec
     with pytest.raises(GraderError) as e:
-        parse_grader({"type": "marlaas", "kind": "chess"})
+        parse_grader({"type": "demo_kind", "kind": "chess"})
     assert e.value.param == "grader.kind"
     res = grade(
         multi({"a": spec, "b": sc("eq", ref="{{ item.answer }}")}, "a + b"),
@@ -557,12 +557,12 @@ def test_registered_type_parses_runs_and_nests(marlaas_type):
 
 def test_unregistered_type_is_unknown():
     with pytest.raises(GraderError) as e:
-        parse_grader({"type": "marlaas", "kind": "addition"})
-    assert "unknown grader type 'marlaas'" in str(e.value)
+        parse_grader({"type": "demo_kind", "kind": "addition"})
+    assert "unknown grader type 'demo_kind'" in str(e.value)
 
 
-def test_extension_failures_score_zero(marlaas_type):
-    res = grade({"type": "marlaas", "name": "m", "kind": "gsm8k"}, "1", {})
+def test_extension_failures_score_zero(demo_type):
+    res = grade({"type": "demo_kind", "name": "m", "kind": "gsm8k"}, "1", {})
     assert res.reward == 0.0 and res.errors["other_error"]
     assert "KeyError" in res.reason
 
