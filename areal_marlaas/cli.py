@@ -1,5 +1,5 @@
 """The ``marlaas`` command: train, check, serve, bench, bench-*, simulate, report,
-prepare-model."""
+search-server, prepare-model."""
 
 from __future__ import annotations
 
@@ -295,6 +295,20 @@ def _config_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _search_server(args: argparse.Namespace) -> int:
+    from areal_marlaas.tools.search_server import Latency, serve
+
+    try:
+        latency = Latency(args.latency_median_s, args.latency_sigma, args.latency_seed)
+    except ValueError as e:
+        print(f"marlaas search-server: error: {e}", file=sys.stderr)
+        return 2
+    if args.workers < 1:
+        print("marlaas search-server: error: --workers must be >= 1", file=sys.stderr)
+        return 2
+    return serve(args.corpus, args.host, args.port, args.workers, latency)
+
+
 def _models(d: dict):
     from areal_marlaas.sim.models import LatencyModels
 
@@ -354,6 +368,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default=None, help="File (default: print it)")
     p.set_defaults(fn=_config_docs)
+
+    p = sub.add_parser(
+        "search-server", help="BM25 search over a corpus behind HTTP (docs/tasks.md)"
+    )
+    p.add_argument("--corpus", required=True, help="jsonl of {id, title, text}")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100, help="0 = a free port")
+    p.add_argument("--workers", type=int, default=2, help="Worker processes")
+    p.add_argument(
+        "--latency-median-s",
+        type=float,
+        default=0.0,
+        help="Injected log-normal delay per request, its median (0 = none); "
+        "stands in for a real web search API in benchmarks",
+    )
+    p.add_argument("--latency-sigma", type=float, default=0.5, help="Its shape")
+    p.add_argument("--latency-seed", type=int, default=None, help="Its seed")
+    p.set_defaults(fn=_search_server)
 
     p = sub.add_parser("make-tiny-model", help="Write a tiny random model for tests")
     p.add_argument("--out", required=True)

@@ -67,12 +67,54 @@ class TaskDatasetConfig:
 
 @dataclass
 class SearchConfig:
-    """The search agent's environment (kind wiki_search): a local BM25 corpus,
-    the tool budget and how final answers are scored."""
+    """The search agent's environment (kind wiki_search): a BM25 corpus searched
+    in process or over HTTP, the tool budget and how final answers are scored."""
 
     corpus_path: str = field(
         default="",
-        metadata={"help": "jsonl corpus of {id, title, text} passages to search."},
+        metadata={
+            "help": "jsonl corpus of {id, title, text} passages to search (not "
+            "needed with an http(s) server_url)."
+        },
+    )
+    server_url: str = field(
+        default="",
+        metadata={
+            "help": "Where searches run: '' = in process (BM25 in a thread pool); "
+            "http://host:port = a `marlaas search-server`; auto = the run starts "
+            "one for corpus_path (with the latency_* settings) and stops it at "
+            "the end."
+        },
+    )
+    server_retries: int = field(
+        default=2,
+        metadata={
+            "help": "Search server: retries after a connection error or a 5xx/429 "
+            "reply, within tool_timeout_s."
+        },
+    )
+    server_backoff_s: float = field(
+        default=0.2,
+        metadata={"help": "Search server: pause before the first retry (doubles)."},
+    )
+    server_workers: int = field(
+        default=2,
+        metadata={"help": "server_url=auto: worker processes of the server."},
+    )
+    latency_median_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "server_url=auto: injected log-normal delay per search, its "
+            "median (0 = none); stands in for a web search API in benchmarks."
+        },
+    )
+    latency_sigma: float = field(
+        default=0.5,
+        metadata={"help": "server_url=auto: log-normal shape of the delay."},
+    )
+    latency_seed: int | None = field(
+        default=None,
+        metadata={"help": "server_url=auto: seed of the delays; None = unseeded."},
     )
     top_k: int = field(default=3, metadata={"help": "Passages returned per search."})
     max_tool_calls: int = field(
@@ -120,6 +162,41 @@ class SearchConfig:
         default=2, metadata={"help": "scorer=judge: retries after a failed request."}
     )
 
+    @property
+    def remote(self) -> bool:
+        """Searches go to a server someone else runs (no local corpus needed)."""
+        return self.server_url.startswith(("http://", "https://"))
+
+    def _check_server(self, where: str) -> None:
+        url = self.server_url
+        if url not in ("", "auto") and not self.remote:
+            raise ConfigError(
+                f"{where}: search.server_url must be '' (in process), auto or "
+                f"http(s)://host:port, got {url!r}."
+            )
+        if url == "auto" and not self.corpus_path:
+            raise ConfigError(
+                f"{where}: search.server_url=auto needs search.corpus_path (the "
+                "corpus the started server searches)."
+            )
+        if self.server_retries < 0:
+            raise ConfigError(f"{where}: search.server_retries must be >= 0.")
+        if self.server_backoff_s < 0:
+            raise ConfigError(f"{where}: search.server_backoff_s must be >= 0.")
+        if self.server_workers < 1:
+            raise ConfigError(f"{where}: search.server_workers must be >= 1.")
+        if self.latency_median_s < 0 or self.latency_sigma < 0:
+            raise ConfigError(
+                f"{where}: search.latency_median_s and search.latency_sigma must "
+                "be >= 0."
+            )
+        if self.latency_median_s > 0 and url != "auto":
+            raise ConfigError(
+                f"{where}: search.latency_median_s is injected by the server the run "
+                "starts: set search.server_url=auto (or run `marlaas search-server "
+                "--latency-median-s ...` yourself and point search.server_url at it)."
+            )
+
     def check(self, where: str) -> None:
         """Raise ``ConfigError`` naming the first bad ``search.*`` field."""
         if self.top_k < 1:
@@ -128,6 +205,7 @@ class SearchConfig:
             raise ConfigError(f"{where}: search.max_tool_calls must be >= 0.")
         if not self.tool_timeout_s > 0:
             raise ConfigError(f"{where}: search.tool_timeout_s must be > 0.")
+        self._check_server(where)
         if self.passage_chars < 1:
             raise ConfigError(f"{where}: search.passage_chars must be >= 1.")
         if self.scorer not in SEARCH_SCORERS:
@@ -336,10 +414,15 @@ class TaskSpec:
                 f"{where}: kind {self.kind!r} needs dataset.path (a file, a folder "
                 "with <split>.jsonl, or a hub id)."
             )
-        if self.kind and KINDS[self.kind].needs_search and not self.search.corpus_path:
+        if (
+            self.kind
+            and KINDS[self.kind].needs_search
+            and not self.search.corpus_path
+            and not self.search.remote
+        ):
             raise ConfigError(
                 f"{where}: kind {self.kind!r} needs search.corpus_path (a jsonl of "
-                "{id, title, text} passages)."
+                "{id, title, text} passages) or an http(s) search.server_url."
             )
         self.search.check(where)
         self.ppo.check(where)

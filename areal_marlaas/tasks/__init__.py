@@ -70,7 +70,11 @@ def _math(prefix: str) -> Callable[[TaskSpec], list[dict]]:
 
 
 def _wiki_search(spec: TaskSpec) -> list[dict]:
-    if not Path(spec.search.corpus_path).expanduser().is_file():
+    # A remote server holds its own corpus; in process and auto read this one.
+    if (
+        not spec.search.remote
+        and not Path(spec.search.corpus_path).expanduser().is_file()
+    ):
         raise ValueError(f"search.corpus_path {spec.search.corpus_path!r} not found")
     rows = load_hotpotqa_rows(
         spec.dataset.path, spec.dataset.split, spec.search.max_tool_calls

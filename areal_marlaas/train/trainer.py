@@ -29,6 +29,7 @@ from areal_marlaas.placement import parse_cpus, pin_current_process
 from areal_marlaas.rollout.session import RolloutSession
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions, TaskRun
 from areal_marlaas.tasks import load_task_rows
+from areal_marlaas.tools.local_search import stop_local_search_servers
 from areal_marlaas.train import screen
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
 from areal_marlaas.workflows import task_workflow
@@ -352,6 +353,8 @@ class MultiTaskTrainer:
 
     def close(self) -> None:
         IsolatedReward.shutdown_all()
+        # search.server_url=auto servers end with the run, not the interpreter.
+        stop_local_search_servers()
         if self.session is not None:
             self.session.stop()
             self.session = None

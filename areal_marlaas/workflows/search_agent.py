@@ -1,6 +1,6 @@
 """Multi-turn search agent: the policy reasons, calls ``<search>query</search>``,
-reads ``<information>...</information>`` from a local BM25 index and ends with
-``<answer>...</answer>``.
+reads ``<information>...</information>`` from a BM25 index (in process, or a
+``marlaas search-server`` over HTTP) and ends with ``<answer>...</answer>``.
 
 The trajectory is AReaL's RLVR layout (``input_ids``, ``loss_mask``, ``logprobs``,
 ``versions``, ``attention_mask`` as [1, L], ``rewards`` as [1]) plus ``task``, so
@@ -45,6 +45,7 @@ from areal_marlaas.tasks.search import (
     format_passages,
     get_index,
 )
+from areal_marlaas.tools.search_client import SearchClient, SearchError
 from areal_marlaas.trajectory import collect_served_adapters, generated_versions
 from areal_marlaas.workflows.base import TaskWorkflow, grader_reward
 
@@ -117,6 +118,9 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
         judge_timeout_s: float = 30.0,
         judge_retries: int = 2,
         search_fn: Callable[[str, int], list[Passage]] | str | None = None,
+        server_url: str = "",
+        server_retries: int = 2,
+        server_backoff_s: float = 0.2,
         response_prefix: str = "",
         enable_thinking: bool = False,
         sampling_seed: int | None = None,
@@ -134,12 +138,20 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
         self.gconfig = self.gconfig.new_with_stop_and_pad_token_ids(tokenizer)
         self.reward_fn = reward_fn
         self.async_reward_fn = None
-        if not corpus_path and search_fn is None:
-            raise ValueError("SearchAgentWorkflow needs corpus_path or search_fn")
+        if not corpus_path and search_fn is None and not server_url:
+            raise ValueError(
+                "SearchAgentWorkflow needs corpus_path, search_fn or server_url"
+            )
         self.corpus_path = corpus_path
         if isinstance(search_fn, str):
             search_fn = import_from_string(search_fn)
         self.search_fn = search_fn
+        # Searches go over HTTP when a server is given (search_fn is then unused).
+        self.client = (
+            SearchClient(server_url, server_retries, server_backoff_s)
+            if server_url
+            else None
+        )
         self.top_k = top_k
         self.max_tool_calls = max_tool_calls
         self.tool_timeout_s = tool_timeout_s
@@ -165,10 +177,33 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
         grading: dict | None = None,
     ) -> dict[str, Any]:
         s = task.search
+        # Absolute: rollout workers may run in another working directory.
+        corpus = (
+            str(Path(s.corpus_path).expanduser().resolve()) if s.corpus_path else ""
+        )
+        url = s.server_url
+        if url == "auto":
+            # Started here, in the process that runs the tasks (see local_search).
+            from areal_marlaas.tools.local_search import (
+                LocalSearchSpec,
+                local_search_server,
+            )
+
+            url = local_search_server(
+                LocalSearchSpec(
+                    corpus,
+                    s.server_workers,
+                    s.latency_median_s,
+                    s.latency_sigma,
+                    s.latency_seed,
+                )
+            )
         return {
             **super().workflow_kwargs(task, tokenizer_path, fault, grading),
-            # Absolute: rollout workers may run in another working directory.
-            "corpus_path": str(Path(s.corpus_path).expanduser().resolve()),
+            "corpus_path": corpus,
+            "server_url": url,
+            "server_retries": s.server_retries,
+            "server_backoff_s": s.server_backoff_s,
             "top_k": s.top_k,
             "max_tool_calls": s.max_tool_calls,
             "tool_timeout_s": s.tool_timeout_s,
@@ -189,17 +224,27 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
             self.search_fn = index.search
         return self.search_fn
 
-    async def search(self, query: str) -> tuple[str, str]:
-        """The tool's reply text and, on a timeout or error, why it failed."""
+    async def _lookup(self, query: str) -> list[Passage]:
+        if self.client is not None:
+            # Retries and their pauses share the one tool_timeout_s budget.
+            return await self.client.search(query, self.top_k, self.tool_timeout_s)
         fn = await self._search_fn()
         loop = asyncio.get_running_loop()
+        return await asyncio.wait_for(
+            loop.run_in_executor(_TOOL_POOL, fn, query, self.top_k),
+            timeout=self.tool_timeout_s,
+        )
+
+    async def search(self, query: str) -> tuple[str, str]:
+        """The tool's reply text and, on a timeout or error, why it failed."""
         try:
-            passages = await asyncio.wait_for(
-                loop.run_in_executor(_TOOL_POOL, fn, query, self.top_k),
-                timeout=self.tool_timeout_s,
-            )
-        except TimeoutError:
-            return "Search timed out.", f"search timed out after {self.tool_timeout_s}s"
+            passages = await self._lookup(query)
+        except TimeoutError as e:
+            why = f"search timed out after {self.tool_timeout_s}s"
+            return "Search timed out.", f"{why} ({e})" if str(e) else why
+        except SearchError as e:
+            logger.warning(f"task {self.task}: search {query!r} failed: {e}")
+            return "Search failed.", f"search error: {e}"
         except Exception as e:  # a broken tool must not end the run
             logger.warning(f"task {self.task}: search {query!r} failed: {e}")
             return "Search failed.", f"search error: {type(e).__name__}: {e}"
@@ -253,6 +298,7 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
         pieces: list[str] = []
         answer, reason = None, ""
         calls = timeouts = 0
+        tool_errors: list[str] = []
         env: list[float] = []  # start, end of each tool call (the env phase)
         while True:
             room = budget - (len(seq) - len(prompt_ids))
@@ -291,6 +337,7 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
             env += [t0, time.time()]
             if tool_error:
                 timeouts += tool_error.startswith("search timed out")
+                tool_errors.append(tool_error)
                 logger.info(f"task {self.task}: {tool_error} (query {turn.value!r})")
             room = budget - (len(seq) - len(prompt_ids))
             info = self.tokenizer.encode(
@@ -319,6 +366,7 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
                 "answer": answer,
                 "tool_calls": calls,
                 "tool_timeouts": timeouts,
+                "tool_errors": tool_errors,
             }
         )
         traj = {
@@ -340,6 +388,7 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
             reward=reward,
             tool_calls=float(calls),
             tool_timeouts=float(timeouts),
+            tool_failures=float(len(tool_errors)),
             answered=float(answer is not None),
         )
         traj["task"] = self.task

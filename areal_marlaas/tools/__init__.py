@@ -1,0 +1,1 @@
+"""Tools the agentic workflows call: the remote BM25 search service."""
