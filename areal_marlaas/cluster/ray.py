@@ -6,6 +6,7 @@ worker ``configure`` calls that failed."""
 
 from __future__ import annotations
 
+import logging as stdlib_logging
 import os
 import sys
 import uuid
@@ -171,6 +172,15 @@ def check_addresses(cfg, nodes: list[dict[str, Any]]) -> None:
             )
 
 
+class _ExitedAsAsked(stdlib_logging.Filter):
+    """AReaL's worker ``destroy`` ends with ``exit_actor()``, so waiting on it
+    always "fails" with the actor's intended exit: not a warning worth showing."""
+
+    def filter(self, record: stdlib_logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("destroy raised ActorDiedError" in text and "exit_actor()" in text)
+
+
 class MARLaaSRayScheduler(RayScheduler):
     """AReaL's Ray scheduler with failures reported: a placement that times out
     names the spec fields, a worker's ``configure`` is awaited (AReaL fires it
@@ -180,6 +190,9 @@ class MARLaaSRayScheduler(RayScheduler):
     def __init__(self, cfg, connected_here: bool):
         super().__init__(cfg.scheduler.startup_timeout_s, exp_config=cfg)
         self.connected_here = connected_here
+        areal_logger = stdlib_logging.getLogger("RayScheduler")
+        if not any(isinstance(f, _ExitedAsAsked) for f in areal_logger.filters):
+            areal_logger.addFilter(_ExitedAsAsked())
 
     def _build_env_vars(self, spec) -> dict[str, str]:
         env = super()._build_env_vars(spec)
