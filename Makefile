@@ -5,7 +5,7 @@ AREAL_VENV ?= $(or $(MARLAAS_AREAL_VENV),$(CACHE)/venv-areal)
 PY := $(AREAL_VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 
-.PHONY: setup test test-slow test-fault test-example test-service lint quickstart bench-rollout bench-learning bench simulate bench-cpu-lora gpu-check gpu-check-dry gpu-check-wheels
+.PHONY: setup test test-slow test-fault test-example test-service test-ray lint quickstart bench-rollout bench-learning bench simulate bench-cpu-lora gpu-check gpu-check-dry gpu-check-wheels
 
 setup:
 	bash scripts/setup.sh
@@ -28,6 +28,11 @@ test-example: setup
 # and restart: ~15 min, in CI.
 test-service: setup
 	$(PY) -m pytest -m slow tests/test_service_e2e.py
+
+# scheduler.type=ray (docs/ray.md): the quickstart on a local Ray head (vs an
+# in-process run, byte for byte), two logical nodes, the service; ~10 min, in CI.
+test-ray: setup
+	RAY_memory_monitor_refresh_ms=0 $(PY) -m pytest -m slow tests/test_ray_e2e.py
 
 lint: setup
 	$(AREAL_VENV)/bin/ruff check . && $(AREAL_VENV)/bin/ruff format --check .

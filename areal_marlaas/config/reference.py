@@ -19,6 +19,7 @@ def _sections() -> list[tuple[str, type, bool]]:
     """The sections the plugin defines, in reading order: (key in the YAML,
     dataclass, document only the fields the class itself adds)."""
     from areal_marlaas.config.audit import AuditConfig
+    from areal_marlaas.config.cluster import RayClusterConfig, SlurmClusterConfig
     from areal_marlaas.config.fault import FaultToleranceConfig
     from areal_marlaas.config.scheduler import MARLaaSSchedulerConfig
     from areal_marlaas.config.server import MultiLoRAvLLMConfig, RolloutServerConfig
@@ -38,6 +39,8 @@ def _sections() -> list[tuple[str, type, bool]]:
         ("server", RolloutServerConfig, False),
         ("vllm", MultiLoRAvLLMConfig, True),
         ("scheduler", MARLaaSSchedulerConfig, True),
+        ("scheduler.ray", RayClusterConfig, False),
+        ("scheduler.slurm", SlurmClusterConfig, False),
         ("fault", FaultToleranceConfig, False),
         ("audit", AuditConfig, False),
         ("bench (marlaas bench only)", BenchConfig, False),

@@ -247,6 +247,11 @@ class MARLaaSConfig(GRPOConfig):
             seen.add(task.name)
         self._check_lora_slot()
         self._check_lengths()
+        if self.server.launch == "workers" and self.scheduler.type is None:
+            raise ConfigError(
+                "server.launch=workers needs rollout workers (scheduler.type=local|"
+                "ray|slurm); with scheduler.type=null set server.launch=driver."
+            )
         if self.fault.deterministic:
             # The server's logprobs depend on what it batched (~1e-5); the
             # trainer's own are a function of the tokens alone.

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from areal.api.cli_args import SchedulerConfig
 
+from areal_marlaas.config.cluster import RayClusterConfig, SlurmClusterConfig
 from areal_marlaas.errors import ConfigError
 from areal_marlaas.placement import parse_cpus
 from areal_marlaas.scheduler.core import MODES
@@ -75,6 +76,22 @@ class MARLaaSSchedulerConfig(SchedulerConfig):
             "empty = no pinning."
         },
     )
+    startup_timeout_s: float = field(
+        default=120.0,
+        metadata={
+            "help": "scheduler.type=ray|slurm: seconds the workers may take to be "
+            "placed and to answer (AReaL's startup_timeout). Raise it when Slurm "
+            "jobs queue."
+        },
+    )
+    ray: RayClusterConfig = field(
+        default_factory=RayClusterConfig,
+        metadata={"help": "scheduler.type=ray: the cluster and start-up checks."},
+    )
+    slurm: SlurmClusterConfig = field(
+        default_factory=SlurmClusterConfig,
+        metadata={"help": "scheduler.type=slurm: how workers are started."},
+    )
 
     def __post_init__(self):
         parent = getattr(super(), "__post_init__", None)
@@ -106,6 +123,15 @@ class MARLaaSSchedulerConfig(SchedulerConfig):
                 f"scheduler.task_retries must be >= 0, got {self.task_retries}."
             )
         parse_cpus(self.trainer_cpus, "scheduler.trainer_cpus")
+        if self.type not in (None, "local", "ray", "slurm"):
+            raise ConfigError(
+                f"scheduler.type must be local|ray|slurm|null, got {self.type!r}."
+            )
+        if self.startup_timeout_s <= 0:
+            raise ConfigError(
+                "scheduler.startup_timeout_s must be > 0, got "
+                f"{self.startup_timeout_s}."
+            )
 
     @property
     def max_rolling(self) -> int | None:

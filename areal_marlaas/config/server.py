@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from areal.api.cli_args import vLLMConfig
+from areal.api.cli_args import InferenceEngineConfig, vLLMConfig
 
 from areal_marlaas.errors import ConfigError
 from areal_marlaas.placement import parse_cpus
 
 PLATFORMS = ("auto", "cpu", "cuda", "npu")
+LAUNCHES = ("driver", "workers")
+# Bind addresses that mean "every interface": never an address to dial.
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
 @dataclass
@@ -84,7 +87,31 @@ class RolloutServerConfig:
             "venv built by setup."
         },
     )
-    host: str = field(default="127.0.0.1", metadata={"help": "Bind address."})
+    host: str = field(
+        default="127.0.0.1",
+        metadata={
+            "help": "Bind address. 0.0.0.0 = every interface (needed when rollout "
+            "workers or the driver are on other nodes)."
+        },
+    )
+    advertise_host: str = field(
+        default="",
+        metadata={
+            "help": "Address the trainer, rollout workers and API dial to reach a "
+            "launched server. Empty = server.host, or this node's IP when "
+            "server.host is 0.0.0.0."
+        },
+    )
+    launch: str = field(
+        default="driver",
+        metadata={
+            "help": "Who launches the server: driver = one server started by the "
+            "marlaas process; workers = each rollout worker (rollout.backend "
+            "vllm:dN gives N) starts its own on its node with these settings, "
+            "supervised through the worker (needs scheduler.type local|ray|slurm).",
+            "choices": list(LAUNCHES),
+        },
+    )
     port: int = field(default=0, metadata={"help": "Port; 0 picks a free one."})
     platform: str = field(
         default="auto",
@@ -144,6 +171,20 @@ class RolloutServerConfig:
                 f"server.platform must be one of {list(PLATFORMS)}, "
                 f"got {self.platform!r}."
             )
+        if self.launch not in LAUNCHES:
+            raise ConfigError(
+                f"server.launch must be one of {list(LAUNCHES)}, got {self.launch!r}."
+            )
+        if self.launch == "workers" and self.addresses:
+            raise ConfigError(
+                "server.launch=workers starts servers, server.addresses attaches to "
+                "running ones: set one of them."
+            )
+        if self.advertise_host in WILDCARD_HOSTS[:2]:
+            raise ConfigError(
+                f"server.advertise_host={self.advertise_host!r} is not an address "
+                "others can dial; give this node's IP or hostname (or leave it empty)."
+            )
         parse_cpus(self.cpu_affinity, "server.cpu_affinity")
         for addr in self.addresses:
             if ":" not in addr:
@@ -151,3 +192,13 @@ class RolloutServerConfig:
                     f"server.addresses entry {addr!r} must be host:port (e.g. "
                     "127.0.0.1:8000)."
                 )
+
+
+@dataclass
+class MultiLoRAEngineConfig(InferenceEngineConfig):
+    """The rollout engine's config when each rollout worker launches its own
+    server (``server.launch=workers``): AReaL's settings plus what the worker
+    needs to start it. Built by the rollout session, not a YAML section."""
+
+    server: RolloutServerConfig | None = None
+    vllm: MultiLoRAvLLMConfig | None = None

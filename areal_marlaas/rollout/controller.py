@@ -65,3 +65,38 @@ class MultiTaskRolloutController(RolloutController):
         ]
         results = [self.dispatcher.wait_for_task(i, timeout) for i in ids]
         return [r.trajectory if r is not None else None for r in results]
+
+
+class WorkerServers:
+    """The servers the rollout workers launched (``server.launch=workers``), as
+    the driver's supervisor sees them: every check, stop and restart runs on
+    the worker that owns the server, on its node, so a server bound to its
+    node's loopback is supervised too."""
+
+    def __init__(self, controller: MultiTaskRolloutController):
+        self.controller = controller
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"{i.host}:{i.port}" for i in self.controller.server_infos]
+
+    @property
+    def address(self) -> str:
+        return ",".join(self.addresses)
+
+    def exited(self) -> str | None:
+        try:
+            gone = self.controller._collective_rpc("server_exited")
+        except Exception as e:  # a lost worker: its server is gone with it
+            return f"rollout worker unreachable: {type(e).__name__}: {e}"
+        return next(filter(None, gone), None)
+
+    def healthy(self, timeout: float) -> bool:
+        return all(self.controller._collective_rpc("server_healthy", timeout=timeout))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.controller._collective_rpc("stop_server", timeout=timeout)
+
+    def start(self) -> str:
+        self.controller._collective_rpc("start_server")
+        return self.address

@@ -23,6 +23,7 @@ from areal.api.cli_args import InferenceEngineConfig
 from areal.api.io_struct import (
     HttpGenerationResult,
     HttpRequest,
+    LocalInfServerInfo,
     ModelRequest,
     ModelResponse,
     WeightUpdateMeta,
@@ -41,7 +42,7 @@ from areal_marlaas.rollout.seeding import (
     current_request_seed,
     request_seed,
 )
-from areal_marlaas.rollout.server import server_argv, server_env, spawn
+from areal_marlaas.rollout.server import VLLMServer, server_argv, server_env, spawn
 from areal_marlaas.trajectory import failure, record_served_adapter
 
 logger = logging.getLogger("MARLaaSRollout")
@@ -136,6 +137,58 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         self._adapter_lock = threading.Lock()
         self._episodes: dict[int, _KeepFailure] = {}
         self._episodes_lock = threading.Lock()
+        # Servers this engine launched on its node (server.launch=workers).
+        self.servers: list[VLLMServer] = []
+
+    # -- a server on this worker's node (server.launch=workers) ----------------
+    def launch_server(self, server_args: dict[str, Any]) -> LocalInfServerInfo:
+        """With a config that carries the server settings
+        (``MultiLoRAEngineConfig``), start the plugin's server on this node as
+        ``server.*`` says (bind and advertised address, port, platform, cores,
+        env, python, start-up timeout) and keep it for supervision; otherwise
+        AReaL's launch (``server_args``, a free port on this node's IP)."""
+        vllm_cfg = getattr(self.config, "vllm", None)
+        server = getattr(self.config, "server", None)
+        if vllm_cfg is None or server is None:
+            return super().launch_server(server_args)
+        base = Path(server.log_file or "vllm_server.log")
+        srv = VLLMServer(vllm_cfg.model, vllm_cfg, server, base)
+        # One log per server: workers on a shared run directory share the folder.
+        tag = srv.address.replace(":", "-")
+        srv.log_file = base.with_name(f"{base.stem}-{tag}{base.suffix}")
+        srv.start()
+        self.servers.append(srv)
+        host, port = srv.address.rsplit(":", 1)
+        return LocalInfServerInfo(host=host, port=int(port), process=None)
+
+    def initialize(
+        self,
+        engine_id: str | None = None,
+        addr: str | list[str] | None = None,
+        train_data_parallel_size: int | None = None,
+    ):
+        if not addr and self.servers:
+            addr = [s.address for s in self.servers]
+        return super().initialize(engine_id, addr, train_data_parallel_size)
+
+    def server_exited(self) -> str | None:
+        """The supervisor's checks, run on this worker's node."""
+        return next(filter(None, (s.exited() for s in self.servers)), None)
+
+    def server_healthy(self, timeout: float) -> bool:
+        return all(s.healthy(timeout) for s in self.servers)
+
+    def stop_server(self, timeout: float = 30.0) -> None:
+        for s in self.servers:
+            s.stop(timeout)
+
+    def start_server(self) -> list[str]:
+        """Start the stopped servers again on their ports (adapters are
+        reloaded by the caller)."""
+        for s in self.servers:
+            if not s.alive():
+                s.start()
+        return [s.address for s in self.servers]
 
     # -- versions ---------------------------------------------------------------
     def get_version(self) -> int:
@@ -367,6 +420,7 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
     def destroy(self) -> None:
         self._retire_pool.shutdown(wait=False, cancel_futures=True)
         super().destroy()
+        self.stop_server()
 
 
 class MultiLoRAvLLMEngine(RemotevLLMEngine):
@@ -421,6 +475,19 @@ class MultiLoRAvLLMEngine(RemotevLLMEngine):
 
     def publish_adapter(self, task: str, version: int, path: str) -> None:
         self._engine.publish_adapter(task, version, path)
+
+    # What the driver's supervisor asks a rollout worker about its server.
+    def server_exited(self) -> str | None:
+        return self._engine.server_exited()
+
+    def server_healthy(self, timeout: float) -> bool:
+        return self._engine.server_healthy(timeout)
+
+    def stop_server(self, timeout: float = 30.0) -> None:
+        self._engine.stop_server(timeout)
+
+    def start_server(self) -> list[str]:
+        return self._engine.start_server()
 
     @classmethod
     def as_controller(cls, config: InferenceEngineConfig, scheduler):

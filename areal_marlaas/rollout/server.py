@@ -19,8 +19,13 @@ from typing import IO
 import requests
 from areal.api.cli_args import get_py_cmd, vLLMConfig
 from areal.utils import logging
+from areal.utils.network import gethostip
 
-from areal_marlaas.config.server import MultiLoRAvLLMConfig, RolloutServerConfig
+from areal_marlaas.config.server import (
+    WILDCARD_HOSTS,
+    MultiLoRAvLLMConfig,
+    RolloutServerConfig,
+)
 from areal_marlaas.paths import vllm_python
 from areal_marlaas.placement import parse_cpus, pin_current_process
 from areal_marlaas.procs import stop_group, tail
@@ -31,6 +36,18 @@ logger = logging.getLogger("MARLaaSServer")
 
 # AReaL's vLLMConfig fields that only make sense with AReaL's own server wrapper.
 _AREAL_ONLY_FIELDS = ("worker_extension_cls",)
+
+
+def advertised_host(server: RolloutServerConfig) -> str:
+    """The host others dial for a server launched on this node: bind and
+    advertised addresses differ when the server binds every interface."""
+    if server.advertise_host:
+        return server.advertise_host
+    return gethostip() if server.host in WILDCARD_HOSTS else server.host
+
+
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -151,7 +168,9 @@ def is_healthy(address: str, timeout: float = 5.0) -> bool:
 
 
 class VLLMServer:
-    """One local vLLM server process: ``start()`` blocks until healthy."""
+    """One local vLLM server process: ``start()`` blocks until healthy and
+    returns ``address``, the advertised host:port others dial; ``local_address``
+    is how this node reaches it."""
 
     def __init__(
         self,
@@ -164,8 +183,10 @@ class VLLMServer:
         self.vllm_cfg = vllm_cfg
         self.server = server
         self.log_file = Path(log_file)
-        self.port = server.port or free_port(server.host)
-        self.address = f"{server.host}:{self.port}"
+        self.port = server.port or free_port(server.host or "0.0.0.0")
+        self.address = f"{advertised_host(server)}:{self.port}"
+        local = "127.0.0.1" if server.host in WILDCARD_HOSTS else server.host
+        self.local_address = f"{local}:{self.port}"
         self.process: subprocess.Popen | None = None
         self.startup_s: float | None = None
 
@@ -186,7 +207,7 @@ class VLLMServer:
                     f"vLLM server exited with code {self.process.returncode} during "
                     f"startup; see {self.log_file}:\n{self.log_tail()}"
                 )
-            if is_healthy(self.address, timeout=2):
+            if is_healthy(self.local_address, timeout=2):
                 self.startup_s = time.monotonic() - t0
                 logger.info(
                     f"vLLM server ready on {self.address} in {self.startup_s:.1f}s"
@@ -204,6 +225,16 @@ class VLLMServer:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def exited(self) -> str | None:
+        """None while the process runs, else how it ended (the supervisor's
+        check, the same for a server launched on a rollout worker)."""
+        if self.alive():
+            return None
+        return f"code {None if self.process is None else self.process.returncode}"
+
+    def healthy(self, timeout: float) -> bool:
+        return is_healthy(self.local_address, timeout=timeout)
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.process is None:

@@ -11,10 +11,11 @@ from areal.api.cli_args import InferenceEngineConfig
 from areal.api.io_struct import LocalInfServerInfo
 from areal.utils import logging
 
-from areal_marlaas.config import MARLaaSConfig
-from areal_marlaas.rollout.controller import MultiTaskRolloutController
+from areal_marlaas.config import ConfigError, MARLaaSConfig
+from areal_marlaas.config.server import MultiLoRAEngineConfig
+from areal_marlaas.rollout.controller import MultiTaskRolloutController, WorkerServers
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
-from areal_marlaas.rollout.server import VLLMServer
+from areal_marlaas.rollout.server import VLLMServer, is_healthy
 from areal_marlaas.rollout.supervisor import ServerSupervisor, SupervisedRollout
 
 logger = logging.getLogger("MARLaaSRolloutSession")
@@ -26,7 +27,8 @@ class RolloutSession:
     def __init__(self, cfg: MARLaaSConfig, run_dir: str | Path):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
-        self.server: VLLMServer | None = None
+        self.server: VLLMServer | None = None  # launched here (server.launch=driver)
+        self.worker_servers: WorkerServers | None = None  # server.launch=workers
         self.engine: MultiLoRAvLLMEngine | None = None
         self.server_start_s: float | None = None
         self.supervisor: ServerSupervisor | None = None
@@ -36,6 +38,8 @@ class RolloutSession:
         """Connect an in-process engine, or, given an AReaL scheduler, a controller
         with one rollout worker per server."""
         cfg = self.cfg
+        if scheduler is not None and cfg.server.launch == "workers":
+            return self._start_on_workers(scheduler)
         if cfg.server.addresses:
             addresses = list(cfg.server.addresses)
         else:
@@ -62,15 +66,58 @@ class RolloutSession:
             self.engine = MultiLoRAvLLMEngine.as_controller(engine_cfg, scheduler)
             self.engine.initialize(role="rollout", server_infos=infos)
         logger.info(f"rollout connected to {addresses} in {time.monotonic() - t0:.1f}s")
+        if scheduler is not None:
+            self._check_reachable()
         return self.engine
+
+    def _start_on_workers(self, scheduler) -> MultiTaskRolloutController:
+        """Each rollout worker launches its own server on its node (AReaL calls
+        the engine's ``launch_server`` when given no server addresses)."""
+        cfg = self.cfg
+        server = dataclasses.replace(
+            cfg.server,
+            log_file=cfg.server.log_file or str(self.run_dir / "vllm_server.log"),
+        )
+        fields = {
+            f.name: getattr(cfg.rollout, f.name)
+            for f in dataclasses.fields(InferenceEngineConfig)
+        }
+        engine_cfg = MultiLoRAEngineConfig(**fields, server=server, vllm=cfg.vllm)
+        t0 = time.monotonic()
+        self.engine = MultiLoRAvLLMEngine.as_controller(engine_cfg, scheduler)
+        self.engine.initialize(role="rollout", server_args={})
+        self.server_start_s = time.monotonic() - t0
+        self.worker_servers = WorkerServers(self.engine)
+        self.addresses = self.worker_servers.addresses
+        logger.info(
+            f"rollout workers launched servers {self.addresses} in "
+            f"{self.server_start_s:.1f}s"
+        )
+        self._check_reachable()
+        return self.engine
+
+    def _check_reachable(self) -> None:
+        """The driver dials every server (KV admission, the service's chat
+        routes): fail now, naming the settings, if one is out of its reach."""
+        for addr in self.addresses:
+            if is_healthy(addr, timeout=10):
+                continue
+            raise ConfigError(
+                f"the rollout server at {addr} is up for its rollout worker but "
+                "not reachable from this (driver) process: bind an interface "
+                "others can reach (server.host=0.0.0.0) and advertise an address "
+                "the driver and the workers route to (server.advertise_host, "
+                "default this node's IP)."
+            )
 
     def supervise(self, backend, on_restart=None):
         """``backend`` behind a supervisor of the launched server (restart on
         death/hang, adapters reloaded); attached servers are returned as is."""
-        if self.server is None or not self.cfg.fault.supervise_server:
+        handle = self.server or self.worker_servers
+        if handle is None or not self.cfg.fault.supervise_server:
             return backend
         self.supervisor = ServerSupervisor(
-            self.server, self.cfg.fault, on_restart=on_restart
+            handle, self.cfg.fault, on_restart=on_restart
         )
         wrapped = SupervisedRollout(backend, self.supervisor)
         self.supervisor.start()
@@ -81,8 +128,9 @@ class RolloutSession:
             self.supervisor.stop()
             self.supervisor = None
         if self.engine is not None:
-            self.engine.destroy()
+            self.engine.destroy()  # stops the workers' servers, if they launched any
             self.engine = None
+            self.worker_servers = None
         if self.server is not None:
             self.server.stop()
             self.server = None

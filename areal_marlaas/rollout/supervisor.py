@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from areal.utils import logging
 
 from areal_marlaas.config import FaultToleranceConfig
-from areal_marlaas.rollout.server import VLLMServer, is_healthy
+from areal_marlaas.rollout.server import VLLMServer
 
 logger = logging.getLogger("MARLaaSSupervisor")
 
@@ -47,6 +47,10 @@ class Restart:
 
 
 class ServerSupervisor:
+    """``server``: a ``VLLMServer`` the driver launched, or the rollout workers'
+    servers seen through the workers (``WorkerServers``): both answer
+    ``exited()``, ``healthy()``, ``stop()``, ``start()`` and ``address``."""
+
     def __init__(
         self,
         server: VLLMServer,
@@ -125,11 +129,10 @@ class ServerSupervisor:
 
     def check(self, misses: int = 0) -> str | None:
         """None if healthy, "miss" for one failed /health, else the fault."""
-        proc = self.server.process
-        if proc is None or proc.poll() is not None:
-            code = None if proc is None else proc.returncode
-            return f"server process exited (code {code})"
-        if is_healthy(self.server.address, timeout=self.cfg.health_timeout_s):
+        gone = self.server.exited()
+        if gone is not None:
+            return f"server process exited ({gone})"
+        if self.server.healthy(self.cfg.health_timeout_s):
             return None
         if misses + 1 >= self.cfg.health_failures:
             return f"server hung ({misses + 1} /health checks failed)"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from areal.api.alloc_mode import ModelAllocation
@@ -22,6 +21,7 @@ from areal.utils.stats_logger import StatsLogger
 
 from areal_marlaas import admission
 from areal_marlaas.admission import KVModel
+from areal_marlaas.cluster import close_scheduler, make_scheduler
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
 from areal_marlaas.manager.data import TaskData
 from areal_marlaas.manager.store import RunStore
@@ -131,20 +131,6 @@ def add_tenant(
     )
 
 
-def fit_threads_to_cores(cfg: MARLaaSConfig) -> None:
-    """Never more compute threads than the cores this machine gives us: AReaL's
-    default worker spec asks for 8 (its OMP_NUM_THREADS) even on 2 cores."""
-    cores = len(os.sched_getaffinity(0))
-    for role in ("actor", "rollout"):
-        for spec in getattr(cfg, role).scheduling_spec:
-            if spec.cpu > cores:
-                logger.info(
-                    f"{role}.scheduling_spec cpu={spec.cpu} > {cores} cores here: "
-                    f"using {cores} threads"
-                )
-                spec.cpu = cores
-
-
 class MultiTaskTrainer:
     title = "marlaas train"  # the screen's first line
 
@@ -164,28 +150,7 @@ class MultiTaskTrainer:
 
     def _init_scheduler(self):
         """AReaL's single-controller scheduler, or None for in-process engines."""
-        cfg = self.cfg
-        kind = cfg.scheduler.type
-        if kind is None:
-            return None
-        fit_threads_to_cores(cfg)
-        if cfg.cluster.name_resolve.type == "nfs":
-            Path(cfg.cluster.name_resolve.nfs_record_root).mkdir(
-                parents=True, exist_ok=True
-            )
-        if kind == "local":
-            from areal.infra.scheduler.local import LocalScheduler
-
-            return LocalScheduler(exp_config=cfg)
-        if kind == "ray":
-            from areal.infra.scheduler.ray import RayScheduler
-
-            return RayScheduler(exp_config=cfg)
-        if kind == "slurm":
-            from areal.infra.scheduler.slurm import SlurmScheduler
-
-            return SlurmScheduler(exp_config=cfg)
-        raise ValueError(f"scheduler.type must be local|ray|slurm|null, got {kind!r}")
+        return make_scheduler(self.cfg, self.store.root)
 
     def _build_trainer(self):
         cfg = self.cfg
@@ -362,7 +327,7 @@ class MultiTaskTrainer:
             self.engine.destroy()
             self.engine = None
         if self.scheduler is not None:
-            self.scheduler.delete_workers(None)
+            close_scheduler(self.scheduler)
             self.scheduler = None
 
 

@@ -1,0 +1,253 @@
+"""``scheduler.type=ray``: AReaL's ``RayScheduler`` on a cluster this module
+joins (or starts), after checks that turn AReaL's silent failure modes into
+errors naming the field: specs no node can hold, nodes that do not see the run
+directory or the model, servers advertised on loopback to other machines,
+worker ``configure`` calls that failed."""
+
+from __future__ import annotations
+
+import logging as stdlib_logging
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import ray
+import ray.exceptions
+from areal.infra.scheduler.exceptions import WorkerCreationError
+from areal.infra.scheduler.ray import RayScheduler
+from areal.infra.utils.launcher import THREAD_ENV_VARS
+from areal.utils import logging
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+import areal_marlaas
+from areal_marlaas.cluster.resources import GIB, check_placeable, demands, describe
+from areal_marlaas.errors import ConfigError
+from areal_marlaas.paths import vllm_python
+from areal_marlaas.rollout.server import advertised_host, is_loopback
+
+logger = logging.getLogger("MARLaaSRay")
+
+# Role -> its scheduling-spec field, for messages.
+SPEC_FIELDS = {"actor": "actor.scheduling_spec", "rollout": "rollout.scheduling_spec"}
+
+
+def connect(address: str, log_to_driver: bool = False) -> bool:
+    """Join the cluster (``scheduler.ray.address`` semantics); True when this
+    call connected, so the caller disconnects when done."""
+    if ray.is_initialized():
+        return False
+    target = address or os.environ.get("RAY_ADDRESS") or None
+    ray.init(
+        address=target,
+        log_to_driver=log_to_driver,
+        include_dashboard=False if target in (None, "local") else None,
+        configure_logging=False,
+    )
+    where = ray.get_runtime_context().gcs_address
+    logger.info(f"connected to Ray at {where} ({describe(alive_nodes(), 'CPU')})")
+    return True
+
+
+def alive_nodes() -> list[dict[str, Any]]:
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def device_type() -> str:
+    """The accelerator resource AReaL's Ray scheduler asks for (it decides by
+    what the driver sees)."""
+    from areal.infra.utils.ray_placement_group import ray_resource_type
+
+    return ray_resource_type()
+
+
+def node_checks(cfg, token_file: Path, token: str) -> list[tuple[str, str, str]]:
+    """(field, path, kind) the workers need at the driver's paths on every node."""
+    checks = [
+        ("cluster.fileroot (the run directory)", str(token_file), f"token:{token}"),
+        ("actor.path", cfg.actor.path, "model"),
+        ("tokenizer_path", cfg.tokenizer_path, "dir"),
+        ("the driver's python (workers run it)", sys.executable, "file"),
+        (
+            "areal_marlaas (workers import it from the driver's sys.path)",
+            str(Path(areal_marlaas.__file__).parent),
+            "dir",
+        ),
+    ]
+    if cfg.server.launch == "workers":
+        checks.append(("vllm.model", cfg.vllm.model, "model"))
+        checks.append(("server.python", cfg.server.python or vllm_python(), "file"))
+    return checks
+
+
+def _probe(checks: list[tuple[str, str, str]]) -> list[str]:
+    """Runs on one node: what is missing there. Self-contained (stdlib only)
+    so it runs on a node that lacks areal_marlaas."""
+    import os
+
+    problems = []
+    for name, path, kind in checks:
+        if kind.startswith("token:"):
+            try:
+                with open(path) as f:
+                    same = f.read() == kind[len("token:") :]
+            except OSError:
+                same = False
+            if not same:
+                problems.append(
+                    f"{name}: {os.path.dirname(path)} is not the driver's (no shared "
+                    "filesystem at this path?)"
+                )
+        elif kind == "model":
+            if not os.path.isfile(os.path.join(path, "config.json")):
+                problems.append(
+                    f"{name}: {path} is not a model folder (no config.json)"
+                )
+        elif kind == "dir" and not os.path.isdir(path):
+            problems.append(f"{name}: {path} does not exist")
+        elif kind == "file" and not os.path.isfile(path):
+            problems.append(f"{name}: {path} does not exist")
+    return problems
+
+
+def check_nodes(cfg, run_dir: Path, nodes: list[dict[str, Any]], timeout: float):
+    """One zero-CPU task per node (so it runs even on a full node) checks that
+    what the workers need is there; raise naming the node and the path."""
+    token = uuid.uuid4().hex
+    token_file = run_dir / f".marlaas-node-check-{token[:8]}"
+    token_file.write_text(token)
+    try:
+        probe = ray.remote(num_cpus=0)(_probe)
+        checks = node_checks(cfg, token_file, token)
+        refs = {
+            probe.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    n["NodeID"], soft=False
+                )
+            ).remote(checks): n
+            for n in nodes
+        }
+        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+        problems: list[str] = []
+        for ref in pending:
+            n = refs[ref]
+            problems.append(
+                f"node {n['NodeManagerAddress']} ({n['NodeID'][:8]}) did not run the "
+                f"check within scheduler.startup_timeout_s={timeout:g}s"
+            )
+        for ref in ready:
+            n = refs[ref]
+            where = f"node {n['NodeManagerAddress']} ({n['NodeID'][:8]})"
+            problems += [f"{where}: {p}" for p in ray.get(ref)]
+    finally:
+        token_file.unlink(missing_ok=True)
+    if problems:
+        raise ConfigError(
+            "Ray workers may start on any node, and there they need the run "
+            "directory on a shared filesystem and the model, venvs and code at the "
+            "driver's paths (docs/ray.md); missing:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+            + "\n(scheduler.ray.check_nodes=false skips this check.)"
+        )
+
+
+def check_addresses(cfg, nodes: list[dict[str, Any]]) -> None:
+    """On machines with several IPs, a loopback server address reaches only
+    its own machine."""
+    if len({n["NodeManagerAddress"] for n in nodes}) < 2:
+        return
+    server = cfg.server
+    if server.addresses:
+        hosts = [(a.rsplit(":", 1)[0], "server.addresses") for a in server.addresses]
+    else:
+        hosts = [(advertised_host(server), "server.host / server.advertise_host")]
+    for host, field in hosts:
+        if is_loopback(host):
+            raise ConfigError(
+                f"{field}: the rollout server would be reached at {host}, a loopback "
+                "address, but the Ray cluster spans several machines; bind "
+                "server.host=0.0.0.0 and leave server.advertise_host empty (this "
+                "node's IP) or set it to a routable address."
+            )
+
+
+class _ExitedAsAsked(stdlib_logging.Filter):
+    """AReaL's worker ``destroy`` ends with ``exit_actor()``, so waiting on it
+    always "fails" with the actor's intended exit: not a warning worth showing."""
+
+    def filter(self, record: stdlib_logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("destroy raised ActorDiedError" in text and "exit_actor()" in text)
+
+
+class MARLaaSRayScheduler(RayScheduler):
+    """AReaL's Ray scheduler with failures reported: a placement that times out
+    names the spec fields, a worker's ``configure`` is awaited (AReaL fires it
+    and forgets), and each worker's thread count comes from its own spec (not
+    from the driver's environment)."""
+
+    def __init__(self, cfg, connected_here: bool):
+        super().__init__(cfg.scheduler.startup_timeout_s, exp_config=cfg)
+        self.connected_here = connected_here
+        areal_logger = stdlib_logging.getLogger("RayScheduler")
+        if not any(isinstance(f, _ExitedAsAsked) for f in areal_logger.filters):
+            areal_logger.addFilter(_ExitedAsAsked())
+
+    def _build_env_vars(self, spec) -> dict[str, str]:
+        env = super()._build_env_vars(spec)
+        threads = str(max(1, spec.cpu))
+        for var in THREAD_ENV_VARS:
+            if var not in (spec.env_vars or {}):
+                env[var] = threads
+        return env
+
+    def create_workers(self, job, *args, **kwargs) -> list[str]:
+        role = job.role
+        field = SPEC_FIELDS.get(role, f"{role}.scheduling_spec")
+        try:
+            ids = super().create_workers(job, *args, **kwargs)
+        except ray.exceptions.GetTimeoutError as e:
+            free = ray.available_resources()
+            raise ConfigError(
+                f"the {role} workers could not be placed within "
+                f"scheduler.startup_timeout_s={self.startup_timeout:g}s: they ask "
+                f"{field}.0.cpu={job.tasks[0].cpu} and {field}.0.mem="
+                f"{job.tasks[0].mem} GiB each, and the cluster has "
+                f"{free.get('CPU', 0):g} CPUs and "
+                f"{free.get('memory', 0) / GIB:.1f} GiB free now (other jobs or "
+                "leftover placement groups may hold the rest: `ray status`); lower "
+                "them, free the cluster, or raise scheduler.startup_timeout_s."
+            ) from e
+        for rank, wi in enumerate(self._workers.get(role, [])):
+            try:
+                ray.get(
+                    wi.actor.configure.remote(self.exp_config, role, rank),
+                    timeout=self.startup_timeout,
+                )
+            except Exception as e:
+                raise WorkerCreationError(
+                    wi.worker.id, "configure failed on the worker", str(e)
+                ) from e
+        return ids
+
+    def close(self) -> None:
+        self.delete_workers(None)
+        if self.connected_here and ray.is_initialized():
+            ray.shutdown()
+
+
+def make_ray_scheduler(cfg, run_dir: Path) -> MARLaaSRayScheduler:
+    settings = cfg.scheduler.ray
+    connected = connect(settings.address, settings.log_to_driver)
+    try:
+        nodes = alive_nodes()
+        check_placeable(demands(cfg), nodes, device_type())
+        check_addresses(cfg, nodes)
+        if settings.check_nodes:
+            check_nodes(cfg, run_dir, nodes, cfg.scheduler.startup_timeout_s)
+        return MARLaaSRayScheduler(cfg, connected)
+    except BaseException:
+        if connected:
+            ray.shutdown()
+        raise
