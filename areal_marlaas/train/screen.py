@@ -13,6 +13,7 @@ import logging.config
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,11 @@ def quiet_console() -> None:
     # AReaL re-applies this dict at every getLogger call, so new loggers get the
     # level; the ones already made keep their own handlers (each call makes a
     # new logging manager), so those are quieted one by one.
+    # torch's deprecation of how AReaL slices its FSDP mesh: nothing a user can
+    # act on, printed at every start.
+    warnings.filterwarnings(
+        "ignore", message="Slicing a flattened dim from root mesh", category=UserWarning
+    )
     for name in _CONSOLE_HANDLERS:
         areal_logging.log_config["handlers"][name]["level"] = "WARNING"
     logging.config.dictConfig(areal_logging.log_config)
