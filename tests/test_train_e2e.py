@@ -156,3 +156,31 @@ def test_marlaas_train_cli_on_areal_local_scheduler(tmp_path, vllm_server):
         assert any(
             line.split()[:3] == [task, "done", "2"] for line in proc.stdout.splitlines()
         )
+
+
+def test_raising_reward_reason_reaches_the_summary_on_the_local_scheduler(
+    tmp_path, vllm_server
+):
+    """On the default placement the rollout runs in an AReaL worker process; a
+    tenant reward's error must still reach summary.json, not only "all rollouts
+    failed"."""
+    (tmp_path / "nr").mkdir()
+    argv = small_run(tmp_path, vllm_server.address, "bad")
+    argv += [f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}"]
+    argv += ["tasks.1.reward_fn=tests.test_fault.raising_reward"]
+    argv += ["tasks.0.total_steps=1", "tasks.2.total_steps=1"]
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_marlaas.train", *argv],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
+
+    path = tmp_path / "marlaas-quickstart" / "bad" / "summary.json"
+    assert path.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    tasks = json.loads(path.read_text())["tasks"]
+    assert tasks["add2"]["status"] == tasks["add1"]["status"] == "done"
+    assert tasks["mul1"]["status"] == "failed"
+    assert "reward_fn raised ValueError: tenant bug" in tasks["mul1"]["error"]
