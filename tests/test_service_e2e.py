@@ -282,6 +282,10 @@ def test_tenants_jobs_chat_results_isolation_cancel_and_queueing(tmp_path):
             job = done[j]
             assert steps == list(range(1, job.steps_done + 1)), steps  # type: ignore[attr-defined]
             assert job.steps_done == 2  # type: ignore[attr-defined]
+        # TTFS (created -> first committed step), per job, in the job object.
+        ttfs = {j: done[j].ttfs_s for j in (j1.id, j2.id, j3.id)}  # type: ignore[attr-defined]
+        print(f"ttfs_s per job: {ttfs}")
+        assert all(t is not None and 0 < t < 1500 for t in ttfs.values()), ttfs
         cancelled_ckpts = a.fine_tuning.jobs.checkpoints.list(j_cancel.id).data
         assert 1 <= len(cancelled_ckpts) < 6  # stopped early
 
