@@ -44,6 +44,12 @@ def make_scheduler(cfg, run_dir: str | Path):
         from areal.infra.scheduler.local import LocalScheduler
 
         fit_threads_to_cores(cfg)
+        if not cfg.verbose:  # workers' logs stream to this terminal
+            from areal_marlaas.train.screen import QUIET_ENV
+
+            for role in ("actor", "rollout"):
+                for spec in getattr(cfg, role).scheduling_spec:
+                    spec.env_vars = {**(spec.env_vars or {}), QUIET_ENV: "1"}
         return LocalScheduler(exp_config=cfg)
     if kind == "ray":
         from areal_marlaas.cluster.ray import make_ray_scheduler

@@ -437,6 +437,9 @@ class MultiLoRAvLLMEngine(RemotevLLMEngine):
     def __init__(
         self, config: InferenceEngineConfig, server: RolloutServerConfig | None = None
     ):
+        from areal_marlaas.train.screen import quiet_if_asked
+
+        quiet_if_asked()
         if self.per_task_versions:
             config = without_global_staleness_gate(config)
         super().__init__(config)

@@ -239,6 +239,9 @@ class OnPolicyFSDPPPOActor(CPUFixedFSDPPPOActor):
 
 class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
     def __init__(self, config: PPOActorConfig):
+        from areal_marlaas.train.screen import quiet_if_asked
+
+        quiet_if_asked()
         if not config.use_lora:
             raise ValueError("actor.use_lora must be true for the multi-LoRA engine")
         if config.kl_ctl:

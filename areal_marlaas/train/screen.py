@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import logging.config
+import os
 import sys
 import threading
 import time
@@ -23,6 +24,9 @@ from areal_marlaas.config import MARLaaSConfig
 from areal_marlaas.metrics.fmt import fmt
 
 _CONSOLE_HANDLERS = ("plainHandler", "coloredHandler", "systemHandler")
+# Set in a worker's environment (LocalScheduler spec) when the screen is quiet:
+# AReaL streams every worker's output to the driver's terminal.
+QUIET_ENV = "MARLAAS_QUIET"
 BAR = 10
 
 
@@ -43,6 +47,12 @@ def quiet_console() -> None:
         for handler in made.handlers:
             if not isinstance(handler, logging.FileHandler):
                 handler.setLevel(logging.WARNING)
+
+
+def quiet_if_asked() -> None:
+    """In an AReaL worker process: quiet its console like the driver's."""
+    if os.environ.get(QUIET_ENV) == "1":
+        quiet_console()
 
 
 def quiet_logs(cfg: MARLaaSConfig, log_dir: Path | None = None) -> Path:
