@@ -17,7 +17,6 @@ import json
 import math
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -119,25 +118,22 @@ class LearningBench:
     def train(self, label: str, tasks: list[TaskSpec]) -> dict[str, Any]:
         """One ``marlaas train`` process on the bench's server (in-process
         engines: the lightest placement)."""
-        from areal_marlaas.bench.run import write_tasks_yaml
+        from areal_marlaas.bench.run import train_cmd, write_tasks_yaml
         from areal_marlaas.procs import tail
 
         tasks_yaml = self.work / f"{label}.tasks.yaml"
         write_tasks_yaml(tasks, tasks_yaml)
-        cmd = [
-            sys.executable,
-            "-m",
-            "areal_marlaas.train",
-            "--config",
+        cmd = train_cmd(
             self.base_yaml,
-            "--tasks",
-            str(tasks_yaml),
-            *self.overrides,
-            f"trial_name={label}",
-            f"cluster.fileroot={self.work}",
-            f"server.addresses=['{self.address}']",
-            "scheduler.type=null",
-        ]
+            tasks_yaml,
+            [
+                *self.overrides,
+                f"trial_name={label}",
+                f"cluster.fileroot={self.work}",
+                f"server.addresses=['{self.address}']",
+                "scheduler.type=null",
+            ],
+        )
         log = self.work / f"{label}.log"
         t0 = time.monotonic()
         with open(log, "wb") as out:

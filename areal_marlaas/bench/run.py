@@ -104,6 +104,20 @@ def warm_up(address: str, n: int, max_tokens: int = 16) -> None:
         th.join()
 
 
+def train_cmd(base_yaml: str, tasks_yaml: Path, overrides: list[str]) -> list[str]:
+    """A ``marlaas train`` process of this interpreter on ``tasks_yaml``."""
+    return [
+        sys.executable,
+        "-m",
+        "areal_marlaas.train",
+        "--config",
+        base_yaml,
+        "--tasks",
+        str(tasks_yaml),
+        *overrides,
+    ]
+
+
 def write_tasks_yaml(tasks: list[TaskSpec], path: Path) -> None:
     OmegaConf.save(
         OmegaConf.create({"tasks": [dataclasses.asdict(t) for t in tasks]}), path
@@ -153,17 +167,11 @@ class Bench:
         }
         if plan.scheduler == "null":  # in-process: pin and size torch's threads
             overrides["scheduler.trainer_cpus"] = cpus["trainer_cpus"]
-        return [
-            sys.executable,
-            "-m",
-            "areal_marlaas.train",
-            "--config",
+        return train_cmd(
             self.base_yaml,
-            "--tasks",
-            str(tasks_yaml),
-            *self.train_overrides,
-            *(f"{k}={v}" for k, v in overrides.items()),
-        ]
+            tasks_yaml,
+            [*self.train_overrides, *(f"{k}={v}" for k, v in overrides.items())],
+        )
 
     def start_server(self, placement: str):
         from areal_marlaas.rollout.server import VLLMServer
