@@ -103,7 +103,9 @@ def main() -> None:
     from areal.utils.hf_utils import load_hf_tokenizer
 
     tok = load_hf_tokenizer(str(prepare_default_model()))
-    result: dict = {"queries": len(queries), "corpus": args.corpus}
+    # The corpus by its folder and name: no machine paths in the JSON.
+    corpus = "/".join(Path(args.corpus).resolve().parts[-2:])
+    result: dict = {"queries": len(queries), "corpus": corpus}
 
     local = workflow(args.corpus, tokenizer=tok)
     result["in_process"] = quantiles(asyncio.run(one_by_one(local, queries)))

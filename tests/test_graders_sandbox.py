@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -194,7 +195,8 @@ def test_sees_only_a_minimal_read_only_root(other_tenant_file):
         "import os\n"
         "def grade(sample, item):\n"
         "    seen = sorted(os.listdir('/'))\n"
-        "    paths = ('/work', '/proc/1/environ', '/root/.cache',\n"
+        f"    paths = ({str(Path(__file__).resolve().parents[1])!r},\n"
+        "             '/proc/1/environ', '/root/.cache',\n"
         f"             {str(other_tenant_file.parent.parent)!r})\n"
         "    leaks = [p for p in paths if os.path.exists(p)]\n"
         "    try:\n"
