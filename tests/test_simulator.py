@@ -228,29 +228,33 @@ def test_fit_models_train_line_publish_mean_and_default_beta():
     assert LatencyModels.from_dict(m.to_dict()) == m
 
 
-def test_simulate_bench_validates_and_projects(tmp_path):
-    """A bench folder whose runs are the simulator's own output under known
-    models: the fit reproduces every run's wall time, and the projection runs."""
-    import json
-
-    from areal_marlaas.sim.project import format_sim_markdown, simulate_bench
-
-    truth = LatencyModels(
+def _truth(train_s: float = 9.0) -> LatencyModels:
+    return LatencyModels(
         RolloutModel(work_s=0.6, beta=0.35, overhead_s=0.5, max_seqs=128),
-        train_intercept_s=9.0,
+        train_intercept_s=train_s,
         publish_s=0.05,
     )
+
+
+RUNS = [
+    ("async", "async", 4),
+    ("sync", "sync", 4),
+    ("sequential", "sequential", 4),
+    ("async_c1", "async", 1),
+    ("async_c2", "async", 2),
+]
+
+
+def write_bench(root, truth_of) -> None:
+    """A bench folder whose runs are the simulator's own output under known
+    models (``truth_of(mode)``)."""
+    import json
+
     runs = []
-    for label, mode, n in [
-        ("async", "async", 4),
-        ("sync", "sync", 4),
-        ("sequential", "sequential", 4),
-        ("async_c1", "async", 1),
-        ("async_c2", "async", 2),
-    ]:
+    for label, mode, n in RUNS:
         tasks = [SimTask(f"m_{i}", 2, 16, 32) for i in range(n)]
-        r = simulate(tasks, truth, mode)
-        d = tmp_path / "runs" / label
+        r = simulate(tasks, truth_of(mode), mode)
+        d = root / "runs" / label
         d.mkdir(parents=True)
         (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in r.events))
         (d / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in r.steps))
@@ -275,9 +279,16 @@ def test_simulate_bench_validates_and_projects(tmp_path):
                 "metrics": r.metrics(),
             }
         )
-    (tmp_path / "bench.json").write_text(
+    (root / "bench.json").write_text(
         json.dumps({"runs": runs, "kv_capacity_bytes": 250, "max_num_seqs": 128})
     )
+
+
+def test_simulate_bench_validates_and_projects(tmp_path):
+    """The fit reproduces every run's wall time, and the projection runs."""
+    from areal_marlaas.sim.project import format_sim_markdown, simulate_bench
+
+    write_bench(tmp_path, lambda mode: _truth())
     out = simulate_bench(tmp_path, [1, 8], rollout_devices=2, train_devices=2)
     assert len(out["validation"]) == 5
     for row in out["validation"]:
@@ -292,7 +303,29 @@ def test_simulate_bench_validates_and_projects(tmp_path):
     # 2 devices x 250 bytes admit 5 batches of 100 bytes: 8 tenants are held back
     assert proj[(8, "async")]["admission_holds"] > 0
     assert proj[(8, "async")]["wall_s"] < proj[(8, "sequential")]["wall_s"]
-    assert "| async | async | 4 |" in format_sim_markdown(out)
+    assert "| async | async | 4 | in |" in format_sim_markdown(out)
+
+
+def test_modes_left_out_of_the_fit_are_predicted_out_of_sample(tmp_path):
+    """Fitted on the async runs only: sync is predicted from models it never
+    saw; a sequential run whose train steps cost more than async's (what core
+    contention would change) shows up as an out-of-sample error, not fitted
+    away."""
+    from areal_marlaas.sim.project import format_validation, simulate_bench
+
+    write_bench(tmp_path, lambda mode: _truth(14.0 if mode == "sequential" else 9.0))
+    out = simulate_bench(tmp_path, [1], fit_modes=["async"])
+    rows = {r["label"]: r for r in out["validation"]}
+    assert [rows[k]["in_sample"] for k in ("async", "async_c1", "async_c2")] == [
+        True
+    ] * 3
+    assert not rows["sync"]["in_sample"] and not rows["sequential"]["in_sample"]
+    assert out["models"]["disaggregated"]["train_intercept_s"] == pytest.approx(9.0)
+    for k in ("async", "async_c1", "async_c2", "sync"):
+        assert abs(rows[k]["error_pct"]) < 2.0, rows[k]
+    assert rows["sequential"]["error_pct"] < -20, rows["sequential"]
+    text = format_validation(out["validation"])
+    assert "|error| out of sample (2 runs)" in text
 
 
 @pytest.mark.parametrize("mode", ["async", "sync", "sequential", "collocated"])

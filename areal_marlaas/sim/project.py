@@ -65,11 +65,17 @@ def run_log(run: dict[str, Any], events: list, steps: list) -> RunLog:
 
 
 def fit_placements(
-    result: dict[str, Any], root: Path, max_seqs: int | None = None
+    result: dict[str, Any],
+    root: Path,
+    max_seqs: int | None = None,
+    fit_modes: list[str] | None = None,
 ) -> dict[str, LatencyModels]:
-    """One model set per placement, from all of its successful runs."""
+    """One model set per placement, from its successful runs (of ``fit_modes``
+    only, when given: the other modes' runs are then predicted out of sample)."""
     by_placement: dict[str, list[RunLog]] = {}
     for r, events, steps in _ok_runs(result, root):
+        if fit_modes is not None and r["mode"] not in fit_modes:
+            continue
         by_placement.setdefault(r["placement"], []).append(run_log(r, events, steps))
     models = {p: fit_models(logs, max_seqs) for p, logs in by_placement.items()}
     # Collocated runs are one task at a time: they cannot show batching gains,
@@ -89,9 +95,13 @@ def _max_rolling(run: dict[str, Any]) -> int | None:
 
 
 def validate(
-    result: dict[str, Any], root: Path, models: dict[str, LatencyModels]
+    result: dict[str, Any],
+    root: Path,
+    models: dict[str, LatencyModels],
+    fit_modes: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Simulate each measured run with its placement's models."""
+    """Simulate each measured run with its placement's models; a run of a mode
+    the models were not fitted on is out of sample."""
     rows = []
     for r, _, _ in _ok_runs(result, root):
         m = models.get(r["placement"])
@@ -109,6 +119,7 @@ def validate(
                 "measured_wall_s": measured,
                 "simulated_wall_s": sim.wall_s,
                 "error_pct": 100 * (sim.wall_s - measured) / measured,
+                "in_sample": fit_modes is None or r["mode"] in fit_modes,
                 "measured_steps_per_hour": r["metrics"]["train_steps_per_hour"],
                 "simulated_steps_per_hour": sim.train_steps_per_hour,
                 "measured_ttfs_p50_s": r["metrics"].get("ttfs_p50_s"),
@@ -184,22 +195,35 @@ def project(
     return rows
 
 
+def _sample(r: dict[str, Any]) -> str:
+    return "in" if r.get("in_sample", True) else "out"
+
+
+def error_summary(rows: list[dict[str, Any]]) -> list[str]:
+    """|error| mean and max, in and out of sample separately."""
+    out = []
+    for which in ("in", "out"):
+        errs = [abs(r["error_pct"]) for r in rows if _sample(r) == which]
+        if errs:
+            out.append(
+                f"|error| {which} of sample ({len(errs)} runs): mean "
+                f"{statistics.fmean(errs):.1f}%, max {max(errs):.1f}%"
+            )
+    return out
+
+
 def format_validation(rows: list[dict[str, Any]]) -> str:
     lines = [
-        f"{'run':<24} {'mode':<11} {'tenants':>7} {'measured_s':>10} "
+        f"{'run':<24} {'mode':<11} {'tenants':>7} {'fit':>4} {'measured_s':>10} "
         f"{'simulated_s':>11} {'error':>7}"
     ]
     for r in rows:
         lines.append(
-            f"{r['label']:<24} {r['mode']:<11} {r['tenants']:>7} "
+            f"{r['label']:<24} {r['mode']:<11} {r['tenants']:>7} {_sample(r):>4} "
             f"{r['measured_wall_s']:>10.1f} {r['simulated_wall_s']:>11.1f} "
             f"{r['error_pct']:>+6.1f}%"
         )
-    if rows:
-        worst = max(abs(r["error_pct"]) for r in rows)
-        mean = statistics.fmean(abs(r["error_pct"]) for r in rows)
-        lines.append(f"|error| mean {mean:.1f}%, max {worst:.1f}%")
-    return "\n".join(lines)
+    return "\n".join(lines + error_summary(rows))
 
 
 def format_projection(rows: list[dict[str, Any]]) -> str:
@@ -249,15 +273,17 @@ def simulate_bench(
     train_devices: int = 1,
     kv_budget_per_device: int | None = None,
     steps: int | None = None,
+    fit_modes: list[str] | None = None,
 ) -> dict[str, Any]:
     result, root = load_bench(path)
     max_seqs = result.get("max_num_seqs")
-    models = fit_placements(result, root, max_seqs)
+    models = fit_placements(result, root, max_seqs, fit_modes)
     if not models:
-        raise ValueError(f"{root}: no successful run to fit the models to")
+        modes = f" of modes {fit_modes}" if fit_modes else ""
+        raise ValueError(f"{root}: no successful run{modes} to fit the models to")
     if kv_budget_per_device is None:
         kv_budget_per_device = result.get("kv_capacity_bytes")
-    rows = validate(result, root, models)
+    rows = validate(result, root, models, fit_modes)
     proj = project(
         result,
         models,
@@ -270,6 +296,7 @@ def simulate_bench(
     return {
         "bench": str(root),
         "models": {p: m.to_dict() for p, m in models.items()},
+        "fit_modes": fit_modes,
         "validation": rows,
         "cluster": {
             "rollout_devices": rollout_devices,
@@ -295,15 +322,20 @@ def format_sim_markdown(out: dict[str, Any]) -> str:
         "",
         "## Measured vs simulated wall time",
         "",
-        "| run | mode | tenants | measured s | simulated s | error |",
-        "|---|---|---|---|---|---|",
+        "Fitted on "
+        + (f"the {out['fit_modes']} runs" if out.get("fit_modes") else "every run")
+        + "; `out` rows were predicted out of sample.",
+        "",
+        "| run | mode | tenants | fit | measured s | simulated s | error |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in out["validation"]:
         lines.append(
-            f"| {r['label']} | {r['mode']} | {r['tenants']} | "
+            f"| {r['label']} | {r['mode']} | {r['tenants']} | {_sample(r)} | "
             f"{r['measured_wall_s']:.1f} | {r['simulated_wall_s']:.1f} | "
             f"{r['error_pct']:+.1f}% |"
         )
+    lines += ["", *error_summary(out["validation"])]
     kv = c["kv_budget_per_device"]
     lines += [
         "",
