@@ -184,3 +184,14 @@ def test_raising_reward_reason_reaches_the_summary_on_the_local_scheduler(
     assert tasks["add2"]["status"] == tasks["add1"]["status"] == "done"
     assert tasks["mul1"]["status"] == "failed"
     assert "reward_fn raised ValueError: tenant bug" in tasks["mul1"]["error"]
+
+    # The quiet screen on this path: the workers' start-up output (AReaL INFO
+    # lines, gloo, weight-loading bars) goes to their log files, not the screen.
+    screen = (proc.stdout + proc.stderr).splitlines()
+    noise = [ln for ln in screen if " INFO: " in ln or "[Gloo]" in ln]
+    noise += [ln for ln in screen if "Loading weights" in ln]
+    assert not noise, "\n".join(noise[:10])
+    assert len(screen) <= 40, "\n".join(screen)
+    assert any("starting the trainer" in ln for ln in screen)
+    worker_log = path.parent / "logs" / "actor.log"
+    assert "Guard" in worker_log.read_text()  # what left the screen was kept

@@ -41,16 +41,16 @@ def make_scheduler(cfg, run_dir: str | Path):
     if resolve.type == "nfs":
         Path(resolve.nfs_record_root).mkdir(parents=True, exist_ok=True)
     if kind == "local":
-        from areal.infra.scheduler.local import LocalScheduler
+        from areal_marlaas.cluster.local import MARLaaSLocalScheduler
 
         fit_threads_to_cores(cfg)
-        if not cfg.verbose:  # workers' logs stream to this terminal
+        if not cfg.verbose:  # workers' loggers keep warnings and errors only
             from areal_marlaas.train.screen import QUIET_ENV
 
             for role in ("actor", "rollout"):
                 for spec in getattr(cfg, role).scheduling_spec:
                     spec.env_vars = {**(spec.env_vars or {}), QUIET_ENV: "1"}
-        return LocalScheduler(exp_config=cfg)
+        return MARLaaSLocalScheduler(cfg, run_dir, quiet=not cfg.verbose)
     if kind == "ray":
         from areal_marlaas.cluster.ray import make_ray_scheduler
 

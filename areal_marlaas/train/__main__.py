@@ -3,7 +3,12 @@
 import sys
 
 from areal_marlaas.errors import ConfigError
-from areal_marlaas.train.trainer import main
+from areal_marlaas.train import screen
+
+if not screen.asks_verbose(sys.argv[1:]):  # before AReaL's import-time INFO lines
+    screen.quiet_console()
+
+from areal_marlaas.train.trainer import main  # noqa: E402
 
 if __name__ == "__main__":
     try:

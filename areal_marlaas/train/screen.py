@@ -40,6 +40,10 @@ def quiet_console() -> None:
     warnings.filterwarnings(
         "ignore", message="Slicing a flattened dim from root mesh", category=UserWarning
     )
+    # AReaL's fallback notice on every machine without NVIDIA's fused kernels.
+    warnings.filterwarnings(
+        "ignore", message="Transformer Engine and Apex are not installed"
+    )
     for name in _CONSOLE_HANDLERS:
         areal_logging.log_config["handlers"][name]["level"] = "WARNING"
     logging.config.dictConfig(areal_logging.log_config)
@@ -47,6 +51,12 @@ def quiet_console() -> None:
         for handler in made.handlers:
             if not isinstance(handler, logging.FileHandler):
                 handler.setLevel(logging.WARNING)
+
+
+def asks_verbose(argv: list[str]) -> bool:
+    """Whether a command line asks for AReaL's logs on the screen (read before
+    the config is loaded; ``verbose: true`` in a YAML is honoured later)."""
+    return any(a == "--verbose" or a.lower() == "verbose=true" for a in argv)
 
 
 def quiet_if_asked() -> None:
