@@ -37,6 +37,9 @@ def make_scheduler(cfg, run_dir: str | Path):
     kind = cfg.scheduler.type
     if kind is None:
         return None
+    for spec in cfg.rollout.scheduling_spec:
+        # AReaL forces rollouts to "separate" placement, with a warning.
+        spec.ray_placement_strategy = "separate"
     resolve = cfg.cluster.name_resolve
     if resolve.type == "nfs":
         Path(resolve.nfs_record_root).mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,6 @@ from typing import Any
 from areal.api.io_struct import FinetuneSpec
 from areal.utils import logging
 from areal.utils.hf_utils import load_hf_tokenizer
-from areal.utils.stats_logger import StatsLogger
 
 from areal_marlaas import admission
 from areal_marlaas.config.service import ServiceRunConfig
@@ -51,6 +50,7 @@ from areal_marlaas.service.models import (
 from areal_marlaas.service.router import VLLMModelRouter
 from areal_marlaas.service.server import run_api
 from areal_marlaas.service.store import JobStore
+from areal_marlaas.train.screen import make_stats_logger
 from areal_marlaas.train.trainer import MultiTaskTrainer, add_tenant
 
 logger = logging.getLogger("MARLaaSServiceRunner")
@@ -123,7 +123,7 @@ class ServiceRunner(MultiTaskTrainer):
             self.runtime = Runtime(
                 [], self.rollout, self.engine, self.store, self._options()
             )
-            self.stats_logger = StatsLogger(cfg, FinetuneSpec(1, 10**6, 1))
+            self.stats_logger = make_stats_logger(cfg, FinetuneSpec(1, 10**6, 1))
             self._reconcile()
             address = self.session.addresses[0]
             router = VLLMModelRouter(

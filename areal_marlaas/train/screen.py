@@ -75,6 +75,22 @@ def quiet_logs(cfg: MARLaaSConfig, log_dir: Path | None = None) -> Path:
     return log_dir
 
 
+def make_stats_logger(cfg: MARLaaSConfig, ft_spec):
+    """AReaL's StatsLogger. With swanlab disabled (the default) swanlab prints
+    "SwanLab run disabled" at every start: nothing to act on, so it is muted."""
+    from areal.utils.stats_logger import StatsLogger
+
+    if cfg.stats_logger.swanlab.mode != "disabled":
+        return StatsLogger(cfg, ft_spec)
+    from swanlab.log import swanlog
+
+    swanlog.disable_log()
+    try:
+        return StatsLogger(cfg, ft_spec)
+    finally:
+        swanlog.enable_log()
+
+
 def bar(done: int, total: int, width: int = BAR) -> str:
     filled = round(width * done / total) if total else width
     return "[" + "#" * filled + "." * (width - filled) + "]"

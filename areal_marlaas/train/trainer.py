@@ -17,7 +17,6 @@ from areal.api.io_struct import FinetuneSpec
 from areal.utils import logging
 from areal.utils.hf_utils import load_hf_tokenizer
 from areal.utils.network import find_free_ports
-from areal.utils.stats_logger import StatsLogger
 
 from areal_marlaas import admission
 from areal_marlaas.admission import KVModel
@@ -281,7 +280,7 @@ class MultiTaskTrainer:
                 )
             self.timings["setup_s"] = time.monotonic() - t0
             runtime = Runtime(tasks, rollout, engine, self.store, self._options())
-            self.stats_logger = StatsLogger(
+            self.stats_logger = screen.make_stats_logger(
                 cfg, FinetuneSpec(1, sum(t.total_steps for t in tasks), 1)
             )
             self.screen.start(
