@@ -129,8 +129,45 @@ def _bench_rollout(rest: list[str]) -> int:
     return 0
 
 
+def _bench_train_step(args) -> int:
+    import os
+
+    from areal_marlaas.bench.machine import describe, machine
+    from areal_marlaas.bench.train_step import VARIANTS, bench, format_table
+    from areal_marlaas.paths import default_model_path
+
+    variants = args.variants.split(",")
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        print(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+        return 2
+    lo, hi = (int(x) for x in args.lens.split(","))
+    if not 0 < args.prompt < lo <= hi:
+        print("--lens min must exceed --prompt (each sequence needs output tokens)")
+        return 2
+    opts = {
+        "model": str(args.model or default_model_path()),
+        "threads": args.threads or len(os.sched_getaffinity(0)),
+        "steps": args.steps,
+        "groups": args.groups,
+        "group_size": args.group_size,
+        "lens": [lo, hi],
+        "prompt": args.prompt,
+    }
+    print(f"[train-step] machine: {describe(machine())}", flush=True)
+    out = Path(args.out)
+    result = bench(opts, out, variants, args.rounds)
+    print(format_table(result["rows"]))
+    print(f"wrote {out / 'train_step.json'}")
+    return 0
+
+
 def _train(rest: list[str]) -> int:
     """Train every task of the config (MARLaaS async mode)."""
+    from areal_marlaas.train import screen
+
+    if not screen.asks_verbose(rest):  # before AReaL's import-time INFO lines
+        screen.quiet_console()
     from areal_marlaas.train.trainer import main as train_main
 
     return train_main(rest)
@@ -253,6 +290,15 @@ def _simulate(args: argparse.Namespace) -> int:
         print("--rollout-devices and --train-devices must be >= 1")
         return 2
     kv = int(args.kv_budget_gib * 2**30) if args.kv_budget_gib else None
+    fit_modes = None
+    if args.fit_modes:
+        from areal_marlaas.scheduler.core import MODES
+
+        fit_modes = [m.strip() for m in args.fit_modes.split(",") if m.strip()]
+        unknown = sorted(set(fit_modes) - set(MODES))
+        if unknown:
+            print(f"--fit-modes: unknown {unknown}; choose from {list(MODES)}")
+            return 2
     try:
         out = simulate_bench(
             args.bench,
@@ -261,6 +307,7 @@ def _simulate(args: argparse.Namespace) -> int:
             args.train_devices,
             kv,
             args.steps,
+            fit_modes,
         )
     except (FileNotFoundError, ValueError) as e:
         print(f"marlaas simulate: error: {e}", file=sys.stderr)
@@ -360,6 +407,12 @@ def main(argv: list[str] | None = None) -> int:
         help="KV budget per rollout device (default: the bench server's)",
     )
     p.add_argument("--steps", type=int, default=None, help="Steps per tenant")
+    p.add_argument(
+        "--fit-modes",
+        default=None,
+        help="Fit only on these modes' runs, e.g. async; the others are then "
+        "predicted out of sample (default: fit on every run)",
+    )
     p.add_argument("--out", default=None, help="JSON (default: <bench>/sim.json)")
     p.set_defaults(fn=_simulate)
 
@@ -386,6 +439,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-sigma", type=float, default=0.5, help="Its shape")
     p.add_argument("--latency-seed", type=int, default=None, help="Its seed")
     p.set_defaults(fn=_search_server)
+
+    p = sub.add_parser(
+        "bench-train-step",
+        help="Time one GRPO train step per attention path (docs/bench.md)",
+    )
+    p.add_argument("--model", default=None, help="Model folder (default: SmolLM2)")
+    p.add_argument("--threads", type=int, default=None, help="Default: all cores")
+    p.add_argument("--rounds", type=int, default=3, help="Processes per path")
+    p.add_argument("--steps", type=int, default=2, help="Timed steps per process")
+    p.add_argument("--groups", type=int, default=4, help="Prompt groups per batch")
+    p.add_argument("--group-size", type=int, default=4, help="Samples per group")
+    p.add_argument("--lens", default="50,90", help="Sequence lengths, min,max")
+    p.add_argument("--prompt", type=int, default=30, help="Prompt tokens")
+    p.add_argument("--variants", default="packed,masked,masked_compiled")
+    p.add_argument("--out", default="docs/results/train_step")
+    p.set_defaults(fn=_bench_train_step)
 
     p = sub.add_parser("make-tiny-model", help="Write a tiny random model for tests")
     p.add_argument("--out", required=True)
