@@ -42,7 +42,8 @@ vllm_pid=$!
 wait $areal_pid
 wait $vllm_pid
 
-"$areal_venv/bin/pip" install -q -e "$here"
+# The build backend warns about editable installs at every run: nothing to act on.
+PYTHONWARNINGS=ignore "$areal_venv/bin/pip" install -q -e "$here"
 "$areal_venv/bin/marlaas" prepare-model
 echo "[setup] AReaL venv: $areal_venv"
 echo "[setup] vLLM venv:  $vllm_venv"
