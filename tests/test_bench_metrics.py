@@ -236,6 +236,18 @@ def test_bench_config_bad_value_names_the_field(bench_yaml, override, match):
         load_bench_config(["--config", str(bench_yaml), override])
 
 
+def test_bench_schedulers_accept_a_bare_null(bench_yaml):
+    """`bench.schedulers=[null,local]` (YAML null) means in-process, like 'null'."""
+    from areal_marlaas.bench.plan import plan_runs
+    from areal_marlaas.bench.run import load_bench_config
+
+    argv = ["--config", str(bench_yaml), "bench.schedulers=[null,local]"]
+    bench, cfg, _, _ = load_bench_config(argv + ["bench.concurrency=[]"])
+    assert bench.schedulers == ["null", "local"]
+    labels = [p.label for p in plan_runs(bench, cfg)]
+    assert "async" in labels and "async@local" in labels
+
+
 def test_bench_config_unknown_task_lists_names(bench_yaml):
     from areal_marlaas.bench.plan import plan_runs
     from areal_marlaas.bench.run import load_bench_config

@@ -58,7 +58,8 @@ class BenchConfig:
             "drift hits every mode alike."
         },
     )
-    schedulers: list[str] = field(
+    # hydra reads `bench.schedulers=[null,local]` with None for null: same as "null".
+    schedulers: list[str | None] = field(
         default_factory=lambda: ["null"],
         metadata={
             "help": f"Trainer placements of the mode runs, of {list(SCHEDULERS)}: "
@@ -123,6 +124,7 @@ class BenchConfig:
                 )
         if self.repeats < 1:
             raise ConfigError(f"bench.repeats must be >= 1, got {self.repeats}.")
+        self.schedulers = ["null" if s is None else s for s in self.schedulers]
         for sched in self.schedulers:
             if sched not in SCHEDULERS:
                 raise ConfigError(
