@@ -8,6 +8,7 @@ stats tables and INFO logs go to ``<run dir>/logs/`` instead; ``--verbose`` (or
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.config
 import os
@@ -15,6 +16,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,26 @@ def quiet_logs(cfg: MARLaaSConfig, log_dir: Path | None = None) -> Path:
         quiet_console()
     areal_logging.setup_file_logging(str(log_dir))
     return log_dir
+
+
+@contextlib.contextmanager
+def native_stdout_muted(muted: bool = True) -> Iterator[None]:
+    """Point file descriptor 1 at /dev/null for a block: native code (gloo's
+    "[Gloo] Rank 0 is connected to 0 peer ranks") writes there directly, past
+    Python's ``sys.stdout``."""
+    if not muted:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as sink:
+            os.dup2(sink.fileno(), 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def make_stats_logger(cfg: MARLaaSConfig, ft_spec):

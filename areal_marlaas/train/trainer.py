@@ -163,7 +163,9 @@ class MultiTaskTrainer:
         else:
             alloc = ModelAllocation.from_str(cfg.actor.backend, name="actor")
             engine = MultiLoRAFSDPPPOActor.as_controller(cfg.actor, self.scheduler)
-            engine.create_process_group(parallel_strategy=alloc.parallel)
+            # The driver's own one-rank gloo group prints a line past logging.
+            with screen.native_stdout_muted(not cfg.verbose):
+                engine.create_process_group(parallel_strategy=alloc.parallel)
             engine.initialize(addr=None, ft_spec=ft_spec, role="actor")
         self.timings["trainer_init_s"] = time.monotonic() - t0
         return engine
