@@ -289,8 +289,11 @@ def test_tenants_jobs_chat_results_isolation_cancel_and_queueing(tmp_path):
         cancelled_ckpts = a.fine_tuning.jobs.checkpoints.list(j_cancel.id).data
         assert 1 <= len(cancelled_ckpts) < 6  # stopped early
 
-        # The tenant's model answers, from its adapter.
-        ft = done[j1.id].fine_tuned_model
+        # The tenant's model answers, from its adapter. j2's job: its graded
+        # reward is continuous (text_similarity), so its steps move the adapter;
+        # j1's 0/1 string_check can give every sample of a group the same reward
+        # (zero advantage, zero update: seen once, base == tuned).
+        ft = done[j2.id].fine_tuned_model
         prompt = [{"role": "user", "content": "What is 3 + 4? Reply briefly."}]
 
         def lp(model):
@@ -309,7 +312,7 @@ def test_tenants_jobs_chat_results_isolation_cancel_and_queueing(tmp_path):
         assert {m.id for m in a.models.list().data} >= {BASE, ft}
 
         # The result file is the final PEFT adapter; stock PEFT loads it.
-        body = a.files.content(done[j1.id].result_files[0]).read()
+        body = a.files.content(done[j2.id].result_files[0]).read()
         out = tmp_path / "adapter"
         with tarfile.open(fileobj=io.BytesIO(body)) as tar:
             tar.extractall(out, filter="data")
