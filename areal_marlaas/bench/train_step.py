@@ -239,7 +239,9 @@ def bench(opts: dict[str, Any], out: Path, variants: list[str], rounds: int):
             print(f"[train-step] round {rnd + 1}/{rounds}: {variant}", flush=True)
             runs.append(run_round(one, Path(one["out"])))
     rows = summarize(runs)
-    result = {"machine": cpu_facts(), "options": opts, "rows": rows, "runs": runs}
+    # The model by its folder name: the JSON is committed, a machine path is not.
+    portable = {**opts, "model": Path(opts["model"]).name}
+    result = {"machine": cpu_facts(), "options": portable, "rows": rows, "runs": runs}
     (out / "train_step.json").write_text(json.dumps(result, indent=2))
     (out / "train_step.md").write_text(format_table(rows) + "\n")
     return result
