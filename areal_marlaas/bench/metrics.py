@@ -164,6 +164,7 @@ def run_metrics(
             else None,
         }
     )
+    out.update(trainer_bound(phases, steps, t0, span))
     out.update(utilization(samples or [], t0, t1, *cores))
     failed = {
         n: t.get("error") or t.get("status")
@@ -172,6 +173,30 @@ def run_metrics(
     }
     if failed:
         out["failed_tasks"] = failed
+    return out
+
+
+def trainer_bound(
+    phases: list[dict[str, Any]], steps: list[dict[str, Any]], t0: float, span: float
+) -> dict[str, float]:
+    """The one-trainer bound: no run can end before its first rollout is back
+    plus every train phase done one after another (at the speed they ran);
+    efficiency = bound / window. Plus the trainer's mean cores (elastic steps
+    record theirs; weighted by train time)."""
+    rollouts = [e["end"] for e in phases if e["phase"] == "rollout"]
+    train = sum(e["end"] - e["start"] for e in phases if e["phase"] == "train")
+    out: dict[str, float] = {}
+    if rollouts and span > 0:
+        bound = min(rollouts) - t0 + train
+        out["trainer_bound_s"] = bound
+        out["bound_efficiency"] = bound / span
+    timed = [s for s in steps if s.get("cores_mean") is not None and s.get("train_s")]
+    if timed:
+        total = sum(s["train_s"] for s in timed)
+        out["train_cores_mean"] = (
+            sum(s["cores_mean"] * s["train_s"] for s in timed) / total
+        )
+        out["borrowed_share"] = sum(s.get("borrowed_s", 0.0) for s in timed) / total
     return out
 
 

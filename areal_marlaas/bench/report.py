@@ -113,6 +113,8 @@ AGG_COLUMNS = (
     ("rollout util (CPU)", "rollout_util_cpu", 2, True),
     ("train util (CPU)", "train_util_cpu", 2, True),
     ("trainer sys share", "train_sys_share", 2, True),
+    ("trainer cores", "train_cores_mean", 2, False),
+    ("vs trainer bound", "bound_efficiency", 2, True),
     ("TTFS p50 s", "ttfs_p50_s", 1, False),
     ("TPTS p50 s", "tpts_p50_s", 1, False),
 )

@@ -163,7 +163,7 @@ class Bench:
             "server.addresses": f"['{address}']",
             "scheduler.type": plan.scheduler,
             "scheduler.mode": plan.mode,
-            **plan.overrides,
+            **{k: v.format(**cpus) for k, v in plan.overrides.items()},
         }
         if plan.scheduler == "null":  # in-process: pin and size torch's threads
             overrides["scheduler.trainer_cpus"] = cpus["trainer_cpus"]

@@ -11,9 +11,10 @@ from areal_marlaas.scheduler.core import MODES
 # How the trainer runs in a bench run: in the bench's subprocess, or as AReaL
 # LocalScheduler workers (marlaas train's default placement).
 SCHEDULERS = ("null", "local")
-# ablation -> (mode, extra train overrides)
+# ablation -> (mode, extra train overrides; {server_cpus} = bench.server_cpus)
 ABLATIONS: dict[str, tuple[str, dict[str, str]]] = {
     "no_multi_lora": ("async", {"scheduler.multi_lora": "false"}),
+    "elastic": ("async", {"scheduler.elastic_cpus": "'{server_cpus}'"}),
 }
 
 
@@ -43,7 +44,9 @@ class BenchConfig:
         default_factory=lambda: ["no_multi_lora"],
         metadata={
             "help": f"Ablation runs, of {list(ABLATIONS)} (no_multi_lora: async "
-            "with one adapter per server batch). Without asynchrony = mode sync."
+            "with one adapter per server batch; elastic: async whose trainer "
+            "borrows the server's cores while no rollout runs). Without "
+            "asynchrony = mode sync."
         },
     )
     concurrency: list[int] = field(

@@ -76,6 +76,14 @@ class MARLaaSSchedulerConfig(SchedulerConfig):
             "empty = no pinning."
         },
     )
+    elastic_cpus: str = field(
+        default="",
+        metadata={
+            "help": "Elastic placement: cores the in-process trainer borrows while "
+            "no rollout is in flight (e.g. the server's cores) and gives back when "
+            "one starts; needs trainer_cpus and scheduler.type=null. Empty = off."
+        },
+    )
     startup_timeout_s: float = field(
         default=120.0,
         metadata={
@@ -122,7 +130,25 @@ class MARLaaSSchedulerConfig(SchedulerConfig):
             raise ConfigError(
                 f"scheduler.task_retries must be >= 0, got {self.task_retries}."
             )
-        parse_cpus(self.trainer_cpus, "scheduler.trainer_cpus")
+        own = parse_cpus(self.trainer_cpus, "scheduler.trainer_cpus")
+        borrow = parse_cpus(self.elastic_cpus, "scheduler.elastic_cpus")
+        if borrow and not own:
+            raise ConfigError(
+                "scheduler.elastic_cpus needs scheduler.trainer_cpus (the cores the "
+                "trainer keeps while rollouts run), e.g. trainer_cpus=1 "
+                "elastic_cpus=0."
+            )
+        if borrow and self.type is not None:
+            raise ConfigError(
+                "scheduler.elastic_cpus resizes the in-process trainer only: set "
+                f"scheduler.type=null (got {self.type!r}) or drop elastic_cpus."
+            )
+        if borrow & own:
+            raise ConfigError(
+                f"scheduler.elastic_cpus={self.elastic_cpus!r} overlaps "
+                f"scheduler.trainer_cpus={self.trainer_cpus!r}: give only the cores "
+                "to borrow (the rollout server's)."
+            )
         if self.type not in (None, "local", "ray", "slurm"):
             raise ConfigError(
                 f"scheduler.type must be local|ray|slurm|null, got {self.type!r}."

@@ -167,6 +167,8 @@ class Runtime:
         self._started: set[str] = set()  # tasks that began rolling out here
         self._busy_since: float | None = None
         self.train_busy_s = 0.0  # trainer busy time, for utilization gauges
+        self._rolling = 0  # rollout phases in flight (elastic placement reads it)
+        self._rolling_lock = threading.Lock()
 
     # -- the job service's door: thread-safe, applied by the dispatcher ----------
     def add(self, task: TaskRun) -> None:
@@ -186,6 +188,11 @@ class Runtime:
         """Run ``fn`` on the trainer's thread (between training steps): adding a
         task to the engine must never overlap a step of another."""
         return self._trainer.submit(fn, *args)
+
+    @property
+    def rollouts_running(self) -> int:
+        """Rollout phases in flight now (their requests are on the server)."""
+        return self._rolling
 
     def in_flight(self) -> list[str]:
         """Tasks with a phase running (a drain waits for none)."""
@@ -393,13 +400,19 @@ class Runtime:
         if start - t.ready_at > 0.05:  # held by admission, a barrier or its turn
             self.store.event(a.task, a.version, "wait", t.ready_at, start)
         rows = t.data.next_batch(t.batch_size)
-        results = self.rollout.rollout_task(
-            rows,
-            t.workflow,
-            t.workflow_kwargs,
-            t.n_samples,
-            self.options.rollout_timeout,
-        )
+        with self._rolling_lock:
+            self._rolling += 1
+        try:
+            results = self.rollout.rollout_task(
+                rows,
+                t.workflow,
+                t.workflow_kwargs,
+                t.n_samples,
+                self.options.rollout_timeout,
+            )
+        finally:
+            with self._rolling_lock:
+                self._rolling -= 1
         reasons = [trajectory.failure_reason(x) for x in results]
         ok = [x for x, why in zip(results, reasons) if x is not None and why is None]
         if not ok:
@@ -461,6 +474,7 @@ class Runtime:
             "loss": stats.get(f"marlaas/{a.task}/ppo_actor/update/actor_loss/avg"),
             "grad_norm": stats.get(f"marlaas/{a.task}/ppo_actor/update/grad_norm"),
             **audit,
+            **result.get("placement", {}),
         }
         reasons = trajectory.reward_reasons(batch)
         if reasons:

@@ -30,6 +30,7 @@ from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions, TaskRun
 from areal_marlaas.tasks import load_task_rows
 from areal_marlaas.tools.local_search import stop_local_search_servers
 from areal_marlaas.train import screen
+from areal_marlaas.train.elastic import ElasticCores, ElasticTrainBackend
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
 from areal_marlaas.workflows import task_workflow
 from areal_marlaas.workflows.reward import IsolatedReward
@@ -143,6 +144,8 @@ class MultiTaskTrainer:
         self.engine = None  # the FSDP actor, or its single-controller handle
         self.scheduler = None
         self.session: RolloutSession | None = None
+        self.elastic: ElasticCores | None = None  # scheduler.elastic_cpus
+        self._runtime: Runtime | None = None
         self.timings: dict[str, float] = {}
         self.kv = KVModel.for_config(cfg)
         self.screen = screen.Screen(cfg, self.store.root, title=self.title)
@@ -232,6 +235,15 @@ class MultiTaskTrainer:
         used = pin_current_process(cpus)
         torch.set_num_threads(len(used))
         logger.info(f"trainer pinned to cores {sorted(used)}")
+        borrow = parse_cpus(self.cfg.scheduler.elastic_cpus, "scheduler.elastic_cpus")
+        borrow &= set(range(os.cpu_count() or 1)) - used  # cores that exist here
+        # Without cores to borrow it never switches; steps still record cores.
+        self.elastic = ElasticCores(used, borrow, self._rollout_busy)
+        if borrow:
+            logger.info(f"elastic: borrows cores {sorted(borrow)} while rollouts idle")
+
+    def _rollout_busy(self) -> bool:
+        return self._runtime is None or self._runtime.rollouts_running > 0
 
     def _options(self) -> RuntimeOptions:
         """The mode, KV-aware admission and retries, for the runtime."""
@@ -281,7 +293,12 @@ class MultiTaskTrainer:
                     self.store.adapter_dir(t.name, t.start_version),
                 )
             self.timings["setup_s"] = time.monotonic() - t0
-            runtime = Runtime(tasks, rollout, engine, self.store, self._options())
+            trainer = engine
+            if self.elastic is not None:
+                self.elastic.install(engine.model)
+                trainer = ElasticTrainBackend(engine, self.elastic)
+            runtime = Runtime(tasks, rollout, trainer, self.store, self._options())
+            self._runtime = runtime
             self.stats_logger = screen.make_stats_logger(
                 cfg, FinetuneSpec(1, sum(t.total_steps for t in tasks), 1)
             )
