@@ -308,6 +308,7 @@ def _simulate(args: argparse.Namespace) -> int:
             kv,
             args.steps,
             fit_modes,
+            args.predict,
         )
     except (FileNotFoundError, ValueError) as e:
         print(f"marlaas simulate: error: {e}", file=sys.stderr)
@@ -412,6 +413,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="Fit only on these modes' runs, e.g. async; the others are then "
         "predicted out of sample (default: fit on every run)",
+    )
+    p.add_argument(
+        "--predict",
+        action="append",
+        default=None,
+        metavar="OTHER_BENCH",
+        help="Also predict the runs of another bench (e.g. another tenant count "
+        "or step count) from this bench's fit: all out of sample (repeatable)",
     )
     p.add_argument("--out", default=None, help="JSON (default: <bench>/sim.json)")
     p.set_defaults(fn=_simulate)

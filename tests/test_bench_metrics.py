@@ -105,6 +105,24 @@ def test_run_metrics_synthetic_run_exact_numbers(run_dir):
     assert "failed_tasks" not in m
 
 
+def test_trainer_bound_and_elastic_cores_exact_numbers(run_dir):
+    m = run_metrics(load_run(run_dir), SAMPLES, cores=(1, 1, 2))
+    # First rollout back at 10 s, then 10 + 10 + 10 + 9 s of training in a row.
+    assert m["trainer_bound_s"] == pytest.approx(49.0)
+    assert m["bound_efficiency"] == pytest.approx(49 / 51)
+    assert "train_cores_mean" not in m  # steps that record no cores
+    timed = [
+        {**s, "train_s": t, "cores_mean": c, "borrowed_s": b}
+        for s, t, c, b in zip(
+            STEPS, (10, 10, 10, 10), (2.0, 1.0, 1.5, 1.5), (10, 0, 5, 5)
+        )
+    ]
+    (run_dir / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in timed))
+    m = run_metrics(load_run(run_dir), SAMPLES, cores=(1, 1, 2))
+    assert m["train_cores_mean"] == pytest.approx(1.5)
+    assert m["borrowed_share"] == pytest.approx(0.5)
+
+
 def test_run_metrics_without_summary_uses_window(run_dir):
     (run_dir / "summary.json").unlink()
     m = run_metrics(load_run(run_dir))

@@ -245,14 +245,14 @@ RUNS = [
 ]
 
 
-def write_bench(root, truth_of) -> None:
+def write_bench(root, truth_of, plan=RUNS, steps: int = 2, overrides=None) -> None:
     """A bench folder whose runs are the simulator's own output under known
     models (``truth_of(mode)``)."""
     import json
 
     runs = []
-    for label, mode, n in RUNS:
-        tasks = [SimTask(f"m_{i}", 2, 16, 32) for i in range(n)]
+    for label, mode, n in plan:
+        tasks = [SimTask(f"m_{i}", steps, 16, 32) for i in range(n)]
         r = simulate(tasks, truth_of(mode), mode)
         d = root / "runs" / label
         d.mkdir(parents=True)
@@ -271,11 +271,12 @@ def write_bench(root, truth_of) -> None:
                         "batch_size": 4,
                         "n_samples": 4,
                         "max_new_tokens": 32,
-                        "total_steps": 2,
+                        "total_steps": steps,
                         "kv_bytes": 100,
                     }
                     for t in tasks
                 ],
+                "overrides": (overrides or {}).get(label, {}),
                 "metrics": r.metrics(),
             }
         )
@@ -326,6 +327,40 @@ def test_modes_left_out_of_the_fit_are_predicted_out_of_sample(tmp_path):
     assert rows["sequential"]["error_pct"] < -20, rows["sequential"]
     text = format_validation(out["validation"])
     assert "|error| out of sample (2 runs)" in text
+
+
+@pytest.mark.parametrize("other_train_s", [9.0, 14.0])
+def test_another_benchs_tenant_count_is_predicted_out_of_sample(
+    tmp_path, other_train_s
+):
+    """Fitted on one bench (1-4 tenants, 2 steps), it predicts another bench's
+    8-tenant 3-step runs it never saw: right when the truth is the same, off
+    when the other bench's train steps cost more. Elastic runs (borrowed
+    cores, which the train model does not cover) are left out."""
+    from areal_marlaas.sim.project import format_sim_markdown, simulate_bench
+
+    fit, other = tmp_path / "fit", tmp_path / "eight"
+    write_bench(fit, lambda mode: _truth(9.0))
+    plan = [("async", "async", 8), ("sync", "sync", 8), ("async_elastic", "async", 8)]
+    write_bench(
+        other,
+        lambda mode: _truth(other_train_s),
+        plan,
+        steps=3,
+        overrides={"async_elastic": {"scheduler.elastic_cpus": "'0'"}},
+    )
+    out = simulate_bench(fit, [1], predict=[other])
+    rows = {r["label"]: r for r in out["validation"]}
+    assert {"eight:async", "eight:sync"} <= set(rows)
+    assert "eight:async_elastic" not in rows
+    assert not rows["eight:async"]["in_sample"] and rows["async"]["in_sample"]
+    assert rows["eight:async"]["tenants"] == 8
+    for k in ("eight:async", "eight:sync"):
+        if other_train_s == 9.0:
+            assert abs(rows[k]["error_pct"]) < 2.0, rows[k]
+        else:
+            assert rows[k]["error_pct"] < -20, rows[k]
+    assert "runs of" in format_sim_markdown(out)
 
 
 @pytest.mark.parametrize("mode", ["async", "sync", "sequential", "collocated"])

@@ -94,32 +94,40 @@ def _max_rolling(run: dict[str, Any]) -> int | None:
     return 1 if off == "false" else None
 
 
+def _elastic(run: dict[str, Any]) -> bool:
+    """A run whose trainer borrowed cores: the train model does not cover it."""
+    return bool(run.get("overrides", {}).get("scheduler.elastic_cpus"))
+
+
 def validate(
     result: dict[str, Any],
     root: Path,
     models: dict[str, LatencyModels],
     fit_modes: list[str] | None = None,
+    other_bench: str = "",
 ) -> list[dict[str, Any]]:
     """Simulate each measured run with its placement's models; a run of a mode
-    the models were not fitted on is out of sample."""
+    the models were not fitted on, or of ``other_bench`` (a bench the models
+    never saw), is out of sample."""
     rows = []
     for r, _, _ in _ok_runs(result, root):
         m = models.get(r["placement"])
-        if m is None:
+        if m is None or _elastic(r):
             continue
         sim = simulate(sim_tasks(r), m, r["mode"], max_rolling=_max_rolling(r))
         measured = r["metrics"]["wall_s"]
         sm = sim.metrics()
         rows.append(
             {
-                "label": r["label"],
+                "label": f"{other_bench}:{r['label']}" if other_bench else r["label"],
                 "mode": r["mode"],
                 "placement": r["placement"],
                 "tenants": r["tenants"],
                 "measured_wall_s": measured,
                 "simulated_wall_s": sim.wall_s,
                 "error_pct": 100 * (sim.wall_s - measured) / measured,
-                "in_sample": fit_modes is None or r["mode"] in fit_modes,
+                "in_sample": not other_bench
+                and (fit_modes is None or r["mode"] in fit_modes),
                 "measured_steps_per_hour": r["metrics"]["train_steps_per_hour"],
                 "simulated_steps_per_hour": sim.train_steps_per_hour,
                 "measured_ttfs_p50_s": r["metrics"].get("ttfs_p50_s"),
@@ -274,7 +282,10 @@ def simulate_bench(
     kv_budget_per_device: int | None = None,
     steps: int | None = None,
     fit_modes: list[str] | None = None,
+    predict: list[str | Path] | None = None,
 ) -> dict[str, Any]:
+    """Fit on the bench at ``path`` (its ``fit_modes`` runs), check against its
+    runs and, out of sample, against the runs of the ``predict`` benches."""
     result, root = load_bench(path)
     max_seqs = result.get("max_num_seqs")
     models = fit_placements(result, root, max_seqs, fit_modes)
@@ -284,6 +295,9 @@ def simulate_bench(
     if kv_budget_per_device is None:
         kv_budget_per_device = result.get("kv_capacity_bytes")
     rows = validate(result, root, models, fit_modes)
+    for other in predict or []:
+        o_result, o_root = load_bench(other)
+        rows += validate(o_result, o_root, models, other_bench=o_root.name)
     proj = project(
         result,
         models,
@@ -297,6 +311,7 @@ def simulate_bench(
         "bench": str(root),
         "models": {p: m.to_dict() for p, m in models.items()},
         "fit_modes": fit_modes,
+        "predicted_benches": [str(load_bench(o)[1]) for o in predict or []],
         "validation": rows,
         "cluster": {
             "rollout_devices": rollout_devices,
@@ -324,6 +339,12 @@ def format_sim_markdown(out: dict[str, Any]) -> str:
         "",
         "Fitted on "
         + (f"the {out['fit_modes']} runs" if out.get("fit_modes") else "every run")
+        + (
+            f" of this bench; rows named `<bench>:<run>` are runs of "
+            f"{out['predicted_benches']}, which the fit never saw"
+            if out.get("predicted_benches")
+            else ""
+        )
         + "; `out` rows were predicted out of sample.",
         "",
         "| run | mode | tenants | fit | measured s | simulated s | error |",
