@@ -51,6 +51,9 @@ def compact_run(
     with open(dest / "steps.jsonl", "w") as f:
         for s in run["steps"]:
             rec = {k: s.get(k) for k in _STEP_KEYS}
+            for k in ("cores_mean", "borrowed_s"):  # pinned in-process trainers
+                if isinstance(s.get(k), float):
+                    rec[k] = round(s[k], 3)
             rec["t_commit"] = round(s["t_commit"] - t0, 3)
             for k in ("reward_mean", "queue_wait_s", "train_s"):
                 if isinstance(rec[k], float):
