@@ -121,8 +121,13 @@ class ServiceRunner(MultiTaskTrainer):
             self.rollout = self.session.supervise(rollout, on_restart=self._on_restart)
             self.tokenizer = load_hf_tokenizer(cfg.tokenizer_path)
             self.runtime = Runtime(
-                [], self.rollout, self.engine, self.store, self._options()
+                [],
+                self.rollout,
+                self._train_backend(self.engine),
+                self.store,
+                self._options(),
             )
+            self._runtime = self.runtime  # elastic placement reads its rollouts
             self.stats_logger = make_stats_logger(cfg, FinetuneSpec(1, 10**6, 1))
             self._reconcile()
             address = self.session.addresses[0]

@@ -242,6 +242,13 @@ class MultiTaskTrainer:
         if borrow:
             logger.info(f"elastic: borrows cores {sorted(borrow)} while rollouts idle")
 
+    def _train_backend(self, engine):
+        """What the runtime trains with: the engine, sized per step when pinned."""
+        if self.elastic is None:
+            return engine
+        self.elastic.install(engine.model)
+        return ElasticTrainBackend(engine, self.elastic)
+
     def _rollout_busy(self) -> bool:
         return self._runtime is None or self._runtime.rollouts_running > 0
 
@@ -293,11 +300,9 @@ class MultiTaskTrainer:
                     self.store.adapter_dir(t.name, t.start_version),
                 )
             self.timings["setup_s"] = time.monotonic() - t0
-            trainer = engine
-            if self.elastic is not None:
-                self.elastic.install(engine.model)
-                trainer = ElasticTrainBackend(engine, self.elastic)
-            runtime = Runtime(tasks, rollout, trainer, self.store, self._options())
+            runtime = Runtime(
+                tasks, rollout, self._train_backend(engine), self.store, self._options()
+            )
             self._runtime = runtime
             self.stats_logger = screen.make_stats_logger(
                 cfg, FinetuneSpec(1, sum(t.total_steps for t in tasks), 1)
