@@ -335,6 +335,25 @@ def run(coro):
     return asyncio.run(coro)
 
 
+_TRAINER_STATE: dict[str, bytearray | None] = {"weights": None}
+
+
+def sees_the_trainers_memory(*args, **kwargs):
+    return 1.0 if _TRAINER_STATE["weights"] is not None else 0.0
+
+
+def test_reward_workers_do_not_inherit_the_trainers_memory():
+    """A forked worker would pin the trainer's pages as of the fork (three of a
+    5 GB trainer ran the paper mix out of memory): workers start clean."""
+    _TRAINER_STATE["weights"] = bytearray(64 * 2**20)  # state set after import
+    try:
+        reward = IsolatedReward("t_clean", sees_the_trainers_memory, timeout_s=60)
+        assert run(reward("p", "c")) == 0.0
+    finally:
+        _TRAINER_STATE["weights"] = None
+        IsolatedReward.shutdown_all()
+
+
 def test_isolated_reward_raises_the_tenants_error():
     reward = IsolatedReward("t_raise", raising_reward, timeout_s=30)
 

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import contextvars
 import math
+import multiprocessing
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -51,9 +52,17 @@ class IsolatedReward:
         with self._lock:
             pool = self._pools.get(self.task)
             if pool is None:
-                # Workers die with the trainer, even when it is SIGKILLed.
+                # Workers die with the trainer, even when it is SIGKILLed (the
+                # fork server exits with it). Not forked from the trainer: a fork
+                # pins the trainer's pages as of that moment (copy-on-write), and
+                # three reward workers of a 5 GB trainer ran a 24 GiB machine
+                # out of memory in the paper mix.
+                ctx = multiprocessing.get_context("forkserver")
+                # The built-in rewards are imported once, in the fork server.
+                ctx.set_forkserver_preload(["areal_marlaas.tasks"])
                 pool = ProcessPoolExecutor(
                     max_workers=self.workers,
+                    mp_context=ctx,
                     initializer=set_pdeathsig,
                     initargs=(signal.SIGKILL,),
                 )
