@@ -17,9 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from areal.utils import logging
-
-logger = logging.getLogger("ElasticCores")
 
 
 def _set_process_affinity(cpus: set[int]) -> None:
@@ -61,13 +58,15 @@ class ElasticCores:
         if self._step_start is None or threading.get_ident() != self._owner:
             return
         want = self.own if self.busy() else self.all
-        if want == self._cores:
-            return
+        if want != self._cores:
+            self._switch(want)
+            self.switches += 1
+
+    def _switch(self, want: set[int]) -> None:
         self._account()
         _set_process_affinity(want)
         torch.set_num_threads(len(want))
         self._cores = want
-        self.switches += 1
 
     def _account(self) -> float:
         now = time.monotonic()
@@ -82,10 +81,7 @@ class ElasticCores:
     def give_back(self) -> None:
         """Own cores only (between steps: rollouts and rewards run here too)."""
         if self._cores != self.own:
-            self._account()
-            _set_process_affinity(self.own)
-            torch.set_num_threads(len(self.own))
-            self._cores = self.own
+            self._switch(self.own)
 
     # -- per step -----------------------------------------------------------
     def step_begin(self) -> None:
@@ -109,7 +105,10 @@ class ElasticCores:
     # -- hooks --------------------------------------------------------------
     def install(self, model: torch.nn.Module) -> int:
         """Check the switch before every decoder layer's forward and backward;
-        returns the number of layers hooked."""
+        returns the number of layers hooked (none when there is nothing to
+        borrow: the hooks run on every layer of every step)."""
+        if self.all == self.own:
+            return 0
         layers = _layer_list(model)
         mods = [model, *(layers or [])]
 
@@ -129,11 +128,6 @@ class ElasticCores:
     def _grad_hook(self, grad: torch.Tensor) -> torch.Tensor:
         self.adjust()
         return grad
-
-    def remove(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
 
 
 class ElasticTrainBackend:
