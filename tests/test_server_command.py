@@ -96,6 +96,7 @@ def test_cuda_command_keeps_gpu_defaults():
     [
         ({"platform": "tpu"}, "server.platform must be one of"),
         ({"addresses": ["localhost"]}, "must be host:port"),
+        ({"cpu_kvcache_space_gib": 0.5}, "server.cpu_kvcache_space_gib must be a"),
     ],
 )
 def test_bad_server_config_names_the_field(kwargs, message):

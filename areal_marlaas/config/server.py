@@ -166,6 +166,12 @@ class RolloutServerConfig:
     )
 
     def __post_init__(self):
+        kv = self.cpu_kvcache_space_gib
+        if not (kv >= 1 and float(kv).is_integer()):
+            raise ConfigError(
+                "server.cpu_kvcache_space_gib must be a whole number of GiB >= 1 "
+                f"(vLLM's CPU backend reads it as an integer), got {kv}."
+            )
         if self.platform not in PLATFORMS:
             raise ConfigError(
                 f"server.platform must be one of {list(PLATFORMS)}, "
