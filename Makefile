@@ -5,7 +5,7 @@ AREAL_VENV ?= $(or $(MARLAAS_AREAL_VENV),$(CACHE)/venv-areal)
 PY := $(AREAL_VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 
-.PHONY: setup test test-slow test-fault test-example test-service test-ray lint quickstart bench-rollout bench-learning bench simulate bench-cpu-lora gpu-check gpu-check-dry gpu-check-wheels
+.PHONY: setup test test-slow test-fault test-example test-service test-ray lint quickstart bench-rollout bench-learning bench bench-service simulate bench-cpu-lora gpu-check gpu-check-dry gpu-check-wheels
 
 setup:
 	bash scripts/setup.sh
@@ -20,12 +20,13 @@ test-slow: setup
 test-fault: setup
 	$(PY) -m pytest -m slow tests/test_fault_e2e.py tests/test_fault_server.py
 
-# AReaL's PPOTrainer driving our workflow through its own launcher (~5 min): CI.
+# AReaL's PPOTrainer driving our workflow through its own launcher, and the
+# bench's replicated AReaL baseline at one tenant (~8 min): CI.
 test-example: setup
 	$(PY) -m pytest -m slow tests/test_examples.py
 
 # The job service live (real server, trainer, API, the openai SDK), a kill -9
-# and restart: ~15 min, in CI.
+# and restart, and marlaas bench-service (async vs FIFO): ~20 min, in CI.
 test-service: setup
 	$(PY) -m pytest -m slow tests/test_service_e2e.py
 
@@ -52,6 +53,10 @@ bench: setup
 
 # Simulator fitted to the bench: validation and projection (SIM_ARGS, e.g.
 # SIM_ARGS="--tenants 1,32,1000 --rollout-devices 8 --train-devices 8").
+# Poisson-arriving jobs at the async vs a FIFO service (extra overrides: BENCH_ARGS).
+bench-service: setup
+	$(AREAL_VENV)/bin/marlaas bench-service --config configs/bench_service.yaml $(BENCH_ARGS)
+
 simulate: setup
 	$(AREAL_VENV)/bin/marlaas simulate docs/results/bench $(SIM_ARGS)
 

@@ -237,6 +237,30 @@ def _bench(rest: list[str]) -> int:
     return 1 if failed and len(failed) == len(result["runs"]) else 0
 
 
+def _bench_service(rest: list[str]) -> int:
+    """Jobs arriving as a Poisson process at the async vs a FIFO service."""
+    import signal
+
+    from areal_marlaas.bench.service_bench import (
+        ServiceBench,
+        format_markdown,
+        load_service_bench,
+    )
+
+    def _terminate(signum, frame):
+        raise SystemExit(128 + signum)  # unwind: the service is stopped
+
+    signal.signal(signal.SIGTERM, _terminate)
+    cfg, base_yaml, overrides = load_service_bench(rest)
+    result = ServiceBench(cfg, base_yaml, overrides).run()
+    print(format_markdown(result))
+    print(f"wrote {cfg.load.out}/bench_service.json")
+    failed = [r["label"] for r in result["runs"] if r["status"] != "ok"]
+    if failed:
+        print(f"failed runs: {failed}")
+    return 1 if failed else 0
+
+
 def _service(rest: list[str]) -> int:
     """The job service (--config X.yaml), or its operator commands (tenant,
     admin-key, status)."""
@@ -258,6 +282,7 @@ _CONFIG_COMMANDS = {
     "bench": _bench,
     "bench-rollout": _bench_rollout,
     "bench-learning": _bench_learning,
+    "bench-service": _bench_service,
     "service": _service,
 }
 

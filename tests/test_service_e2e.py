@@ -5,10 +5,9 @@ add``). Slow: ``make test-service`` runs it in CI."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
-import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -18,9 +17,9 @@ from pathlib import Path
 
 import openai
 import pytest
-import requests
 
 from areal_marlaas.admission import KVModel
+from areal_marlaas.bench.service_load import ServiceProcess, arithmetic_lines
 from areal_marlaas.config import load_config
 from areal_marlaas.config.service import ServiceRunConfig
 from areal_marlaas.rollout.server import free_port
@@ -57,18 +56,7 @@ MULTI = {
 
 
 def lines(n: int, seed: int) -> bytes:
-    out = []
-    for i in range(n):
-        a, b = (seed * 7 + i * 3) % 9 + 1, (seed + i * 5) % 9 + 1
-        out.append(
-            {
-                "messages": [
-                    {"role": "user", "content": f"What is {a} + {b}? Reply briefly."}
-                ],
-                "answer": str(a + b),
-            }
-        )
-    return "".join(json.dumps(r) + "\n" for r in out).encode()
+    return arithmetic_lines(n, seed)
 
 
 def method(grader: dict, **hp) -> dict:
@@ -79,19 +67,11 @@ def method(grader: dict, **hp) -> dict:
     }
 
 
-class LiveService:
+class LiveService(ServiceProcess):
     """``marlaas service`` in its own process session, like an operator runs it."""
 
     def __init__(self, root: Path, overrides: list[str]):
-        self.root = root
-        self.port = free_port()
-        self.overrides = [
-            f"service.root={root}",
-            f"service.port={self.port}",
-            *overrides,
-        ]
-        self.proc: subprocess.Popen | None = None
-        self.log = root / "service.out"
+        super().__init__(root, CONFIG, overrides, free_port())
 
     def marlaas(self, *args) -> str:
         out = subprocess.run(
@@ -111,49 +91,18 @@ class LiveService:
             base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, max_retries=0
         )
 
-    def start(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "areal_marlaas.cli",
-                    "service",
-                    "--config",
-                    CONFIG,
-                    *self.overrides,
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.tail()
-            try:
-                if requests.get(f"http://127.0.0.1:{self.port}/health", timeout=2).ok:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(1)
-        raise TimeoutError(self.tail())
-
-    def kill9(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(300)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(30)
-
-    def tail(self, n: int = 60) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+    @contextlib.contextmanager
+    def running(self):
+        """Start; on the way out stop, and on a failure first print the
+        service's state and log (pytest shows it with the failure)."""
+        self.start()
+        try:
+            yield self
+        except BaseException:
+            print(f"service exit code: {self.proc.poll()}\n{self.tail(150)}")
+            raise
+        finally:
+            self.stop()
 
 
 def kv_of_one_batch(overrides: list[str]) -> int:
@@ -209,8 +158,7 @@ def test_tenants_jobs_chat_results_isolation_cancel_and_queueing(tmp_path):
     )
     a = live.add_tenant("acme")
     b = live.add_tenant("bravo")
-    live.start()
-    try:
+    with live.running():
         fa = a.files.create(file=("a.jsonl", lines(4, 1)), purpose="fine-tune")
         fb = b.files.create(file=("b.jsonl", lines(4, 2)), purpose="fine-tune")
         # graders.validate refuses a broken grader naming the field.
@@ -342,8 +290,6 @@ def test_tenants_jobs_chat_results_isolation_cancel_and_queueing(tmp_path):
         assert [j.id for j in a.fine_tuning.jobs.list(metadata={"team": "one"})] == [
             j1.id
         ]
-    finally:
-        live.stop()
     print({j: s for j, s in seen.items()})
 
 
@@ -356,8 +302,7 @@ def test_killed_service_resumes_every_job_from_its_last_commit(tmp_path):
     ]
     live = LiveService(tmp_path / "svc", common)
     a = live.add_tenant("acme")
-    live.start()
-    try:
+    with live.running():
         f = a.files.create(file=("a.jsonl", lines(4, 3)), purpose="fine-tune")
         jobs = [
             a.fine_tuning.jobs.create(
@@ -388,8 +333,6 @@ def test_killed_service_resumes_every_job_from_its_last_commit(tmp_path):
             )
             for j in jobs
         }
-    finally:
-        live.stop()
 
     for j in jobs:
         job = done[j.id]
@@ -408,3 +351,48 @@ def test_killed_service_resumes_every_job_from_its_last_commit(tmp_path):
         logged.setdefault(r["task"], []).append(r["version"])
     assert sorted(logged.values()) == [[1, 2, 3, 4], [1, 2, 3, 4]], logged
     print(f"checkpoints before the kill: {before}")
+
+
+def test_bench_service_runs_async_and_fifo_services_under_poisson_load(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "areal_marlaas.cli",
+            "bench-service",
+            "--config",
+            str(REPO / "configs" / "bench_service.yaml"),
+            "load.jobs=3",
+            "load.rates_per_min=[30]",
+            "load.repeats=1",
+            f"load.out={out}",
+            "service.max_new_tokens=16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    result = json.loads((out / "bench_service.json").read_text())
+    runs = {r["service"]: r for r in result["runs"]}
+    assert set(runs) == {"async", "fifo"}
+    spans = {}
+    for service, r in runs.items():
+        assert r["status"] == "ok", r
+        m = r["metrics"]
+        assert (m["jobs"], m["succeeded"], m["steps"]) == (3, 3, 6)
+        # The service's own TTFS, and the commits the TPTS comes from.
+        assert all(0 < j["ttfs_s"] < m["window_s"] for j in r["jobs"])
+        assert all(len(j["commits"]) == 2 for j in r["jobs"])
+        spans[service] = [(j["commits"][0], j["commits"][-1]) for j in r["jobs"]]
+    # fifo: one job at a time, in arrival order; async: jobs overlap.
+    fifo = spans["fifo"]
+    assert all(a[1] < b[0] for a, b in zip(fifo, fifo[1:])), fifo
+    assert any(a[1] > b[0] for a, b in zip(spans["async"], spans["async"][1:]))
+    assert runs["fifo"]["metrics"]["ttfs_by_arrival"][2] > max(
+        runs["async"]["metrics"]["ttfs_by_arrival"]
+    )
+    md = (out / "bench_service.md").read_text()
+    assert "| async | 30 | 1 |" in md and "| fifo | 30 | 1 |" in md
+    assert (out / "ttfs_by_arrival.png").stat().st_size > 0

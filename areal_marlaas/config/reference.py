@@ -49,6 +49,9 @@ def _sections() -> list[tuple[str, type, bool]]:
         from areal_marlaas.config.service import ServiceConfig
 
         out.append(("service (marlaas service only)", ServiceConfig, False))
+        from areal_marlaas.config.bench_service import ServiceLoadConfig
+
+        out.append(("load (marlaas bench-service only)", ServiceLoadConfig, False))
     except ImportError:
         pass
     return out

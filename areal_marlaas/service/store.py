@@ -886,7 +886,12 @@ class JobStore:
                 job.trained_tokens = trained_tokens
             if estimated_finish is not None:
                 job.estimated_finish = estimated_finish
-            data = {"step": step, "total_steps": job.steps_total, **(metrics or {})}
+            data = {
+                "step": step,
+                "total_steps": job.steps_total,
+                "committed_at": at,  # to the ms: TPTS (created_at is whole s)
+                **(metrics or {}),
+            }
             s.add(
                 Event(
                     job_id=job_id,

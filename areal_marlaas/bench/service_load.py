@@ -1,0 +1,193 @@
+"""``marlaas bench-service``: fine-tuning jobs arriving as a Poisson process at a
+live ``marlaas service``, sent through the official ``openai`` SDK like a tenant
+sends them; TTFS, TPTS and throughput of the async service against a FIFO one
+(``service.max_running_jobs=1``: one job at a time, in arrival order).
+
+Metrics per run (docs/bench.md#service-under-load):
+- TTFS: a job's first committed step - its creation (the service's ``ttfs_s``).
+- TPTS: the time between a job's consecutive committed steps (``committed_at``
+  of its ``metrics`` events), pooled over the run's jobs.
+- throughput: committed steps / (last step - first arrival), per hour.
+- step time: the mean ``train_s`` of the run's steps (what "TTFS <= 2 step
+  times" is measured in).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from areal_marlaas.bench.metrics import percentile
+from areal_marlaas.procs import stop_group, tail
+
+logger = logging.getLogger("MARLaaSBenchService")
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+BASE_MODEL = "SmolLM2-135M-Instruct"
+
+GRADERS: dict[str, dict[str, Any]] = {
+    "string_check": {
+        "type": "string_check",
+        "name": "has_answer",
+        "input": "{{ sample.output_text }}",
+        "reference": "{{ item.answer }}",
+        "operation": "like",
+    },
+    "text_similarity": {
+        "type": "text_similarity",
+        "name": "close",
+        "input": "{{ sample.output_text }}",
+        "reference": "The answer is {{ item.answer }}.",
+        "evaluation_metric": "fuzzy_match",
+    },
+}
+
+
+def arithmetic_lines(n: int, seed: int) -> bytes:
+    """``n`` training lines (chat messages + the answer the grader reads)."""
+    out = []
+    for i in range(n):
+        a, b = (seed * 7 + i * 3) % 9 + 1, (seed + i * 5) % 9 + 1
+        out.append(
+            {
+                "messages": [
+                    {"role": "user", "content": f"What is {a} + {b}? Reply briefly."}
+                ],
+                "answer": str(a + b),
+            }
+        )
+    return "".join(json.dumps(r) + "\n" for r in out).encode()
+
+
+def arrival_times(n: int, rate_per_min: float, seed: int) -> list[float]:
+    """Offsets (s) of ``n`` Poisson arrivals at ``rate_per_min``: the first at 0,
+    then exponential gaps. The unit gaps depend on ``seed`` only, so two rates
+    with one seed differ by a scale and two services see the same times."""
+    rng = random.Random(seed)
+    out, t = [0.0], 0.0
+    for _ in range(n - 1):
+        t += rng.expovariate(1.0) * 60.0 / rate_per_min
+        out.append(t)
+    return out
+
+
+def run_metrics(jobs: list[dict[str, Any]], first_arrival: float) -> dict[str, Any]:
+    """The load metrics of one run. ``jobs``: per job, in arrival order,
+    ``{"status", "ttfs_s", "commits": [t, ...], "train_s": [s, ...]}``;
+    ``first_arrival``: the wall time the first job was created."""
+    ttfs = [j["ttfs_s"] for j in jobs]
+    known = [t for t in ttfs if t is not None]
+    gaps = [b - a for j in jobs for a, b in zip(j["commits"], j["commits"][1:])]
+    train = [s for j in jobs for s in j["train_s"]]
+    commits = [t for j in jobs for t in j["commits"]]
+    steps = len(commits)
+    window = max(commits) - first_arrival if commits else None
+    step_s = statistics.fmean(train) if train else None
+    ttfs_p95 = percentile(known, 95)
+    tpts_p50 = percentile(gaps, 50)
+    return {
+        "jobs": len(jobs),
+        "succeeded": sum(j["status"] == "succeeded" for j in jobs),
+        "steps": steps,
+        "window_s": window,
+        "steps_per_hour": steps / window * 3600 if window else None,
+        "ttfs_p50_s": percentile(known, 50),
+        "ttfs_p95_s": ttfs_p95,
+        "ttfs_max_s": max(known, default=None),
+        "tpts_p50_s": tpts_p50,
+        "tpts_p95_s": percentile(gaps, 95),
+        "step_s": step_s,
+        "ttfs_p95_in_steps": ttfs_p95 / step_s if ttfs_p95 and step_s else None,
+        "ttfs_p95_in_tpts": ttfs_p95 / tpts_p50 if ttfs_p95 and tpts_p50 else None,
+        "ttfs_by_arrival": ttfs,
+    }
+
+
+class ServiceProcess:
+    """``marlaas service --config X.yaml overrides`` in its own process session,
+    like an operator runs it; ``stop`` ends it and, through its reaper, its vLLM
+    server."""
+
+    def __init__(self, root: Path, config: str, overrides: list[str], port: int):
+        self.root = Path(root)
+        self.config = config
+        self.port = port
+        self.overrides = [f"service.root={root}", f"service.port={port}", *overrides]
+        self.proc: subprocess.Popen | None = None
+        self.log = self.root / "service.out"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, timeout: float = 600.0) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "areal_marlaas.cli", "service"]
+                + ["--config", self.config, *self.overrides],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the service exited:\n{self.tail()}")
+            try:
+                url = f"http://127.0.0.1:{self.port}/health"
+                if requests.get(url, timeout=2).ok:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"the service did not come up:\n{self.tail()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        stop_group(self.proc, graceful=False)
+
+    def stop(self) -> None:
+        """SIGTERM to the service alone (it stops its trainer and server), then
+        SIGKILL to its whole group after 300 s."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(300)
+            except subprocess.TimeoutExpired:
+                stop_group(self.proc, graceful=False)
+
+    def tail(self, n: int = 60) -> str:
+        return tail(self.log, n)
+
+
+def job_steps(client, job_id: str) -> tuple[list[float], list[float]]:
+    """(commit times, train seconds) of a job's committed steps, from its
+    ``metrics`` events (every page)."""
+    commits, train = {}, {}
+    after = None
+    while True:
+        page = client.fine_tuning.jobs.list_events(job_id, limit=100, after=after)
+        for e in page.data:
+            data = e.data or {}
+            if e.type == "metrics" and "committed_at" in data:
+                commits[data["step"]] = float(data["committed_at"])
+                if data.get("train_s") is not None:
+                    train[data["step"]] = float(data["train_s"])
+        if not page.has_more or not page.data:
+            break
+        after = page.data[-1].id
+    steps = sorted(commits)
+    return [commits[s] for s in steps], [train[s] for s in steps if s in train]

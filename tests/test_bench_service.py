@@ -1,0 +1,118 @@
+"""marlaas bench-service's pure parts: Poisson arrivals, percentiles, the load
+metrics of a run, the summary's async / fifo ratios, and config refusals."""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import pytest
+
+from areal_marlaas.bench.metrics import percentile
+from areal_marlaas.bench.service_bench import format_markdown, summarize
+from areal_marlaas.bench.service_load import arrival_times, run_metrics
+from areal_marlaas.config.bench_service import ServiceLoadConfig
+from areal_marlaas.errors import ConfigError
+
+
+def test_arrivals_are_poisson_and_shared_across_rates():
+    t = arrival_times(20000, rate_per_min=6.0, seed=3)
+    assert t[0] == 0.0 and all(b > a for a, b in zip(t, t[1:]))
+    gaps = [b - a for a, b in zip(t, t[1:])]
+    # Exponential gaps: mean = sd = 60 / rate.
+    assert statistics.fmean(gaps) == pytest.approx(10.0, rel=0.03)
+    assert statistics.stdev(gaps) == pytest.approx(10.0, rel=0.05)
+    # Same seed, another rate: the same draws scaled; another seed: others.
+    t2 = arrival_times(8, rate_per_min=12.0, seed=3)
+    assert t2 == pytest.approx([x / 2 for x in t[:8]])
+    assert arrival_times(8, 6.0, seed=4) != t[:8]
+
+
+def test_percentile_is_numpys_linear_percentile():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 5, 8, 33):
+        xs = list(rng.exponential(10.0, n))
+        for q in (0, 50, 95, 100):
+            assert percentile(xs, q) == pytest.approx(np.percentile(xs, q))
+    assert percentile([], 50) is None
+
+
+def job(ttfs, commits, train, status="succeeded"):
+    return {"status": status, "ttfs_s": ttfs, "commits": commits, "train_s": train}
+
+
+def test_run_metrics_exact_numbers():
+    # Three jobs created at 100, 110, 130 (first arrival 100).
+    jobs = [
+        job(20.0, [120.0, 150.0], [10.0, 10.0]),
+        job(50.0, [160.0, 170.0], [10.0, 10.0]),
+        job(60.0, [190.0, 200.0, 220.0], [5.0, 5.0, 10.0], status="failed"),
+    ]
+    m = run_metrics(jobs, first_arrival=100.0)
+    assert m["jobs"] == 3 and m["succeeded"] == 2 and m["steps"] == 7
+    assert m["window_s"] == 120.0  # last commit 220 - first arrival 100
+    assert m["steps_per_hour"] == pytest.approx(7 / 120 * 3600)
+    assert m["ttfs_p50_s"] == 50.0
+    assert m["ttfs_p95_s"] == pytest.approx(50 + 0.9 * 10)  # 59.0
+    # TPTS: gaps inside each job only: 30, 10, 10, 20.
+    assert m["tpts_p50_s"] == 15.0
+    assert m["tpts_p95_s"] == pytest.approx(28.5)  # sorted 10 10 20 30
+    assert m["step_s"] == pytest.approx(60 / 7)
+    assert m["ttfs_p95_in_steps"] == pytest.approx(59.0 / (60 / 7))
+    assert m["ttfs_p95_in_tpts"] == pytest.approx(59.0 / 15.0)
+    assert m["ttfs_by_arrival"] == [20.0, 50.0, 60.0]
+
+
+def run(service, rate, repeat, steps_per_hour, ttfs):
+    jobs = [job(t, [100.0 + t, 110.0 + t], [5.0, 5.0]) for t in ttfs]
+    m = run_metrics(jobs, first_arrival=100.0)
+    m["steps_per_hour"] = steps_per_hour
+    return {
+        "label": f"{service}@{rate}.r{repeat}",
+        "service": service,
+        "rate_per_min": rate,
+        "repeat": repeat,
+        "status": "ok",
+        "metrics": m,
+    }
+
+
+def test_summary_means_and_async_over_fifo_ratios():
+    result = {
+        "runs": [
+            run("async", 4.0, 0, 300.0, [10.0, 12.0]),
+            run("fifo", 4.0, 0, 200.0, [10.0, 40.0]),
+            run("async", 4.0, 1, 340.0, [10.0, 14.0]),
+            run("fifo", 4.0, 1, 200.0, [10.0, 60.0]),
+            {"label": "fifo@4.r2", "service": "fifo", "rate_per_min": 4.0},
+        ]
+    }
+    result["runs"][-1]["status"] = "failed"
+    rows = {r["service"]: r for r in summarize(result)}
+    a, f = rows["async"], rows["fifo"]
+    assert (a["repeats"], f["repeats"], f["failed"]) == (2, 2, 1)
+    assert a["steps_per_hour"][0] == 320.0
+    assert a["steps_per_hour"][1] == pytest.approx(statistics.stdev([300, 340]))
+    assert a["throughput_vs_fifo"] == pytest.approx(1.6)
+    ttfs_a = statistics.fmean([10 + 0.95 * 2, 10 + 0.95 * 4])
+    ttfs_f = statistics.fmean([10 + 0.95 * 30, 10 + 0.95 * 50])
+    assert a["ttfs_p95_vs_fifo"] == pytest.approx(ttfs_a / ttfs_f)
+    md = format_markdown({**result, "summary": summarize(result)})
+    assert "| fifo | 4 | 2 (1 failed) |" in md and "1.60x" in md
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"services": ["lifo"]}, "load.services"),
+        ({"rates_per_min": [0.0]}, "load.rates_per_min"),
+        ({"rates_per_min": []}, "load.rates_per_min"),
+        ({"jobs": 0}, "load.jobs"),
+        ({"lines_per_job": 1, "batch_size": 2}, "load.lines_per_job"),
+        ({"grader": "python"}, "load.grader"),
+        ({"repeats": 0}, "load.repeats"),
+    ],
+)
+def test_bad_load_settings_are_refused_naming_the_field(kw, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        ServiceLoadConfig(**kw)
