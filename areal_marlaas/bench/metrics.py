@@ -166,6 +166,7 @@ def run_metrics(
     )
     out.update(trainer_bound(phases, steps, t0, span))
     out.update(utilization(samples or [], t0, t1, *cores))
+    out.update(memory_peaks(samples or []))
     failed = {
         n: t.get("error") or t.get("status")
         for n, t in summary.get("tasks", {}).items()
@@ -173,6 +174,21 @@ def run_metrics(
     }
     if failed:
         out["failed_tasks"] = failed
+    return out
+
+
+def memory_peaks(samples: list[dict[str, float]]) -> dict[str, float]:
+    """Peak memory over a run's samples, GiB: ``peak_mem_gib`` of the run's own
+    processes (server + trainer trees, PSS) and ``peak_machine_gib``, the whole
+    machine's used memory (an independent check: it also holds everything
+    else that runs)."""
+    out = {}
+    own = [s["server_mem"] + s["trainer_mem"] for s in samples if "server_mem" in s]
+    if own:
+        out["peak_mem_gib"] = max(own) / 2**30
+    machine = [s["machine_mem"] for s in samples if "machine_mem" in s]
+    if machine:
+        out["peak_machine_gib"] = max(machine) / 2**30
     return out
 
 

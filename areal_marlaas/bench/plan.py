@@ -11,6 +11,8 @@ from areal_marlaas.config.bench import ABLATIONS
 from areal_marlaas.placement import parse_cpus
 
 PLACEMENTS = ("disaggregated", "collocated")
+# Replicated AReaL runs: N independent jobs, each with its own server, unpinned.
+REPLICATED = "replicated"
 
 
 @dataclass
@@ -84,6 +86,16 @@ def plan_runs(bench: BenchConfig, cfg: MARLaaSConfig) -> list[RunPlan]:
                 placement,
                 workload(bench, cfg, k),
                 "sweep",
+            )
+        )
+    for k in sorted({int(c) for c in bench.replicated}):
+        plans.append(
+            RunPlan(
+                f"areal_x{k}",
+                REPLICATED,
+                REPLICATED,
+                workload(bench, cfg, k),
+                REPLICATED,
             )
         )
     return plans

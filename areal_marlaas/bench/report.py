@@ -120,6 +120,9 @@ AGG_COLUMNS = (
     ("vs trainer bound", "bound_efficiency", 2, True),
     ("TTFS p50 s", "ttfs_p50_s", 1, False),
     ("TPTS p50 s", "tpts_p50_s", 1, False),
+    ("end-to-end s", "e2e_s", 1, False),
+    ("steps/h end to end", "e2e_steps_per_hour", 1, False),
+    ("peak mem GiB", "peak_mem_gib", 2, False),
 )
 
 
@@ -200,6 +203,49 @@ def train_times(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def replicated_table(result: dict[str, Any]) -> list[str]:
+    """MARLaaS (the sweep's async run at N tenants) against N replicated AReaL
+    jobs: end to end (each system's start-up included), steps/h, peak memory."""
+    rows = {r["config"]: r for r in aggregate(result)}
+    counts = sorted(
+        {r["tenants"] for r in result["runs"] if r.get("placement") == "replicated"}
+    )
+    if not counts:
+        return []
+    lines = [
+        "",
+        "MARLaaS vs replicated AReaL (N PPOTrainer jobs, each with its own vLLM "
+        "server, started together, unpinned). End to end = what a user starting "
+        "fresh waits: MARLaaS's server start-up + its run; each AReaL job's own "
+        "start-up is inside its wall. Memory: peak PSS of the run's process trees.",
+        "",
+        "| tenants | MARLaaS steps/h | AReaL steps/h | speedup | MARLaaS peak GiB | "
+        "AReaL peak GiB | AReaL status |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    sweep = result.get("sweep") or {}
+    for n in counts:
+        areal = rows.get(f"areal_x{n}")
+        mine = rows.get(sweep.get(str(n), ""))
+        statuses = sorted(
+            {r["status"] for r in result["runs"] if r.get("config") == f"areal_x{n}"}
+        )
+
+        def cell(row, key):
+            return row[key] if row else "-"
+
+        a = (areal or {}).get("e2e_steps_per_hour", (None, None))[0]
+        m = (mine or {}).get("e2e_steps_per_hour", (None, None))[0]
+        lines.append(
+            f"| {n} | {cell(mine, 'steps/h end to end')} | "
+            f"{cell(areal, 'steps/h end to end')} | "
+            f"{fmt(m / a, 2) + 'x' if a and m else '-'} | "
+            f"{cell(mine, 'peak mem GiB')} | {cell(areal, 'peak mem GiB')} | "
+            f"{', '.join(statuses)} |"
+        )
+    return lines
+
+
 def format_markdown(result: dict[str, Any]) -> str:
     b = result["bench"]
     lines = [
@@ -241,6 +287,7 @@ def format_markdown(result: dict[str, Any]) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += train_times(result)
+    lines += replicated_table(result)
     lines += [
         "",
         "Every run:",

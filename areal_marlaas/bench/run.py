@@ -25,6 +25,7 @@ from areal_marlaas.bench.machine import describe, machine
 from areal_marlaas.bench.metrics import ratios, run_metrics
 from areal_marlaas.bench.plan import (
     PLACEMENTS,
+    REPLICATED,
     RunPlan,
     placement_cpus,
     plan_runs,
@@ -285,6 +286,36 @@ class Bench:
             shutil.rmtree(run_dir / "tasks", ignore_errors=True)
         return result
 
+    def _replicated(
+        self, results: dict[str, dict[str, Any]], done: int, total: int
+    ) -> int:
+        """The replicated AReaL runs, after the MARLaaS runs (whose server is
+        stopped by then); each repeat in ascending tenant count, so a count's
+        memory is projected from the one below it before it is started."""
+        import psutil
+
+        from areal_marlaas.bench.replicated import execute_replicated
+
+        plans = [p for p in self.plans if p.placement == REPLICATED]
+        limit = self.bench.memory_limit_gib or psutil.virtual_memory().total / 2**30
+        for repeat in range(self.bench.repeats):
+            previous = None
+            for p in plans:
+                done += 1
+                print(
+                    f"[bench {done}/{total}] {p.label} (repeat {repeat}): "
+                    f"{p.tenants} AReaL PPOTrainer jobs, each with its own server ...",
+                    flush=True,
+                )
+                r = execute_replicated(
+                    self.bench, self.cfg, p, self.work, repeat, previous, limit
+                )
+                results[r["label"]] = r
+                if r["status"] == "ok":
+                    previous = r
+                print(f"[bench {done}/{total}] {format_result(r)}", flush=True)
+        return done
+
     def run(self) -> dict[str, Any]:
         self.work.mkdir(parents=True, exist_ok=True)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -353,10 +384,12 @@ class Bench:
                             flush=True,
                         )
                         r = self.execute(p, server, self.out, repeat)
+                        end_to_end(r, server.startup_s)
                         results[r["label"]] = r
                         print(f"[bench {done}/{total}] {format_result(r)}", flush=True)
             finally:
                 server.stop()
+        done = self._replicated(results, done, total)
         # Ratios within each repeat (against that repeat's sequential run).
         for repeat in range(self.bench.repeats):
             mine = {
@@ -385,6 +418,16 @@ class Bench:
         }
         write_outputs(bench_result, self.out)
         return bench_result
+
+
+def end_to_end(r: dict[str, Any], server_start_s: float | None) -> None:
+    """What a user starting this run fresh waits: its server's start-up (the
+    bench keeps one warm across runs) plus the run's process, and steps/h on it."""
+    m = r.get("metrics")
+    if m is None or r.get("process_s") is None or server_start_s is None:
+        return
+    m["e2e_s"] = r["process_s"] + server_start_s
+    m["e2e_steps_per_hour"] = m["steps"] / m["e2e_s"] * 3600
 
 
 def _kv_estimator(cfg: MARLaaSConfig):

@@ -1,6 +1,6 @@
 """A background thread that samples device utilization while a bench run goes:
-CPU time of the server's and the trainer's process trees, and the server's
-``vllm:num_requests_running`` gauge."""
+CPU time and memory of the server's and the trainer's process trees, the
+machine's used memory, and the server's ``vllm:num_requests_running`` gauge."""
 
 from __future__ import annotations
 
@@ -16,20 +16,30 @@ from areal_marlaas.rollout.metrics import scrape
 logger = logging.getLogger("MARLaaSBenchSampler")
 
 
-def tree_cpu_seconds(pid: int | None, system_only: bool = False) -> float:
-    """User + system CPU seconds of ``pid`` and its live descendants (threads
+Pids = int | list[int] | None
+
+
+def _tree(pids: Pids) -> list[psutil.Process]:
+    """The live processes of the trees rooted at ``pids``."""
+    if pids is None:
+        return []
+    out = []
+    for pid in [pids] if isinstance(pids, int) else pids:
+        try:
+            root = psutil.Process(pid)
+            out += [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return out
+
+
+def tree_cpu_seconds(pids: Pids, system_only: bool = False) -> float:
+    """User + system CPU seconds of ``pids`` and their live descendants (threads
     included; a descendant that already exited is no longer counted, so the
     bench keeps the long-lived processes: vLLM's API server and engine core, the
     trainer)."""
-    if pid is None:
-        return 0.0
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0.0
     total = 0.0
-    for p in procs:
+    for p in _tree(pids):
         try:
             t = p.cpu_times()
             total += t.system if system_only else t.user + t.system
@@ -38,14 +48,38 @@ def tree_cpu_seconds(pid: int | None, system_only: bool = False) -> float:
     return total
 
 
+def tree_memory_bytes(pids: Pids) -> int:
+    """Proportional set size (PSS: shared pages split among their sharers, so
+    processes sharing a model's pages are not counted twice) of ``pids`` and
+    their live descendants; RSS where PSS cannot be read."""
+    total = 0
+    for p in _tree(pids):
+        try:
+            try:
+                total += p.memory_full_info().pss
+            except (psutil.AccessDenied, AttributeError):
+                total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+def machine_used_bytes() -> int:
+    """The machine's memory in use: total - available (what the kernel could
+    hand out without swapping)."""
+    vm = psutil.virtual_memory()
+    return vm.total - vm.available
+
+
 class UtilizationSampler:
     """``start()`` / ``stop()`` around a run; ``samples`` holds ``{"t",
-    "server_cpu", "trainer_cpu", "running", "waiting"}`` (CPU cumulative)."""
+    "server_cpu", "trainer_cpu", "server_mem", "trainer_mem", "machine_mem",
+    "running", "waiting"}`` (CPU cumulative, memory in bytes)."""
 
     def __init__(
         self,
-        server_pid: int | None,
-        trainer_pid: int | None,
+        server_pid: Pids,
+        trainer_pid: Pids,
         address: str | None,
         interval_s: float = 0.5,
     ):
@@ -64,6 +98,9 @@ class UtilizationSampler:
             "server_cpu": tree_cpu_seconds(self.server_pid),
             "trainer_cpu": tree_cpu_seconds(self.trainer_pid),
             "trainer_sys": tree_cpu_seconds(self.trainer_pid, system_only=True),
+            "server_mem": tree_memory_bytes(self.server_pid),
+            "trainer_mem": tree_memory_bytes(self.trainer_pid),
+            "machine_mem": machine_used_bytes(),
         }
         if self.address:
             try:

@@ -70,6 +70,36 @@ class BenchConfig:
             "(the default path of marlaas train)."
         },
     )
+    replicated: list[int] = field(
+        default_factory=list,
+        metadata={
+            "help": "Tenant counts of the replicated AReaL baseline (what a "
+            "platform runs today): N single-task runs of AReaL's PPOTrainer "
+            "(bench/areal_replica.py, on-policy), each with its own vLLM server, "
+            "started together on the whole machine; compare with "
+            "bench.concurrency at the same counts. Empty = none."
+        },
+    )
+    replicated_config: str = field(
+        default="examples/single_task_ppotrainer.yaml",
+        metadata={"help": "AReaL config of each replica (the example's)."},
+    )
+    replicated_kv_gib: int = field(
+        default=1,
+        metadata={
+            "help": "KV cache of each replica's vLLM server, whole GiB (vLLM's "
+            "CPU backend takes no fraction): the least it takes, one tenant's "
+            "batch needs ~0.1; the plugin's server default is 4."
+        },
+    )
+    memory_limit_gib: float = field(
+        default=0.0,
+        metadata={
+            "help": "A replicated run whose memory, projected from the previous "
+            "(smaller) one per replica, would pass this is not started and "
+            "recorded as not fitting; 0 = the machine's total memory."
+        },
+    )
     sweep_mode: str = field(
         default="async", metadata={"help": "Scheduler mode of the sweep runs."}
     )
@@ -152,10 +182,24 @@ class BenchConfig:
                 f"bench.sweep_mode: unknown mode {self.sweep_mode!r}; use one of "
                 f"{list(MODES)}."
             )
-        if not (self.modes or self.ablations or self.concurrency):
+        if not (self.modes or self.ablations or self.concurrency or self.replicated):
             raise ConfigError(
-                "bench: nothing to run; give bench.modes, bench.ablations or "
-                "bench.concurrency."
+                "bench: nothing to run; give bench.modes, bench.ablations, "
+                "bench.concurrency or bench.replicated."
+            )
+        if any(int(c) < 1 for c in self.replicated):
+            raise ConfigError(
+                f"bench.replicated: tenant counts must be >= 1, got "
+                f"{list(self.replicated)}."
+            )
+        if not isinstance(self.replicated_kv_gib, int) or self.replicated_kv_gib < 1:
+            raise ConfigError(
+                "bench.replicated_kv_gib must be a whole number of GiB >= 1 (vLLM's "
+                f"CPU KV cache size), got {self.replicated_kv_gib}."
+            )
+        if self.memory_limit_gib < 0:
+            raise ConfigError(
+                "bench.memory_limit_gib must be >= 0 (0 = the machine's memory)."
             )
         if self.sample_interval_s <= 0:
             raise ConfigError("bench.sample_interval_s must be > 0.")
