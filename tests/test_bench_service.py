@@ -116,3 +116,30 @@ def test_summary_means_and_async_over_fifo_ratios():
 def test_bad_load_settings_are_refused_naming_the_field(kw, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         ServiceLoadConfig(**kw)
+
+
+def test_shipped_config_loads_and_sets_the_services_apart():
+    from omegaconf import OmegaConf
+
+    from areal_marlaas.bench.service_bench import ServiceBench, load_service_bench
+
+    from .conftest import REPO
+
+    cfg, base, overrides = load_service_bench(
+        [
+            "--config",
+            str(REPO / "configs" / "bench_service.yaml"),
+            "load.jobs=3",
+            "service.max_new_tokens=16",
+        ]
+    )
+    assert cfg.load.jobs == 3 and cfg.load.rates_per_min == [2.0, 6.0]
+    raw = OmegaConf.load(base)
+    # The service's own YAML: the shipped service config, without `load`.
+    assert "load" not in raw and raw.service.max_new_tokens == 32
+    assert overrides == ["service.max_new_tokens=16"]
+    bench = ServiceBench(cfg, base, overrides)
+    fifo, par = bench._service_overrides("fifo"), bench._service_overrides("async")
+    assert "service.max_running_jobs=1" in fifo
+    assert "service.max_running_jobs=3" in par
+    assert fifo[0] == par[0] == "service.max_new_tokens=16"
