@@ -279,16 +279,8 @@ def format_markdown(result: dict[str, Any]) -> str:
             + " | "
             + " | ".join(
                 _ms(r[k], 2 if k.endswith(("in_steps", "in_tpts")) else 1)
-                for k in (
-                    "ttfs_p50_s",
-                    "ttfs_p95_s",
-                    "tpts_p50_s",
-                    "tpts_p95_s",
-                    "steps_per_hour",
-                    "step_s",
-                    "ttfs_p95_in_steps",
-                    "ttfs_p95_in_tpts",
-                )
+                for k in KEYS
+                if k != "window_s"
             )
             + " |"
         )
