@@ -28,6 +28,7 @@ def test_bench_two_modes_two_tenants_writes_results(tmp_path, model_path):
         "bench.ablations=[]",
         "bench.concurrency=[]",
         "bench.replicas=2",
+        "bench.repeats=1",
         "bench.steps=1",
         "bench.warmup_run=false",
         f"bench.out={out}",
