@@ -202,7 +202,6 @@ class ServiceBench:
         for repeat in range(self.load.repeats):
             for service in self.load.services:
                 self._one_service(service, repeat)
-        self.result["summary"] = summarize(self.result)
         self._write()
         return self.result
 
