@@ -72,7 +72,7 @@ def test_cli_times_and_counts_both_paths(tmp_path):
         "--prompt",
         "4",
         "--variants",
-        "packed,masked",
+        "engine,packed,masked",
         "--out",
         str(out),
     ]
@@ -80,11 +80,13 @@ def test_cli_times_and_counts_both_paths(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads((out / "train_step.json").read_text())
     rows = {r["variant"]: r for r in result["rows"]}
-    assert set(rows) == {"packed", "masked"}
+    assert set(rows) == {"engine", "packed", "masked"}
     for r in rows.values():
         assert r["step_s_mean"] > 0 and r["gemm_gflops_mean"] > 0
         assert r["gflop_per_step"] > 0
     # Same batch, same model: the FLOP counter sees the same matmuls, plus the
     # masked path's page padding (its packs are padded to 256 tokens).
     assert rows["masked"]["gflop_per_step"] > rows["packed"]["gflop_per_step"]
+    # The engine drops the audit's forward and the prompt rows of the LM head.
+    assert rows["packed"]["gflop_per_step"] > rows["engine"]["gflop_per_step"]
     assert "| packed | 1 |" in (out / "train_step.md").read_text()

@@ -283,3 +283,116 @@ def test_packed_attention_gives_the_same_update_as_sdpa(tiny):
     scale = max(float(d.abs().max()) for d in d1.values())
     for name in d1:
         assert torch.allclose(d1[name], d2[name], rtol=1e-3, atol=1e-5 * scale), name
+
+
+class SeparateAuditActor(MultiLoRAFSDPPPOActor):
+    """The engine before the audit read the update's forward: a separate audit
+    forward, and the LM head over every row of the pack."""
+
+    fused_audit = False
+    lm_head_rows = False
+
+
+def _step_with_grads(engine, task, batch):
+    """One train_task; returns (result, every LoRA gradient at the step)."""
+    grads = {}
+    opt = engine.slots[task].optimizer
+    step = opt.step
+
+    def record(*args, _step=step, **kwargs):
+        for n, p in engine._lora.items():
+            grads[n] = _full(p.grad).detach().clone()
+        return _step(*args, **kwargs)
+
+    opt.step = record
+    try:
+        return engine.train_task(task, batch), grads
+    finally:
+        opt.step = step
+
+
+def test_audit_from_the_update_forward_and_lm_head_rows_leave_the_update(tiny):
+    """The update's forward feeds the audit and the LM head runs on the loss's
+    rows only: the same loss, grad norm, LoRA gradients and audit (over every
+    generated token) as a separate audit forward and a full LM head, within
+    float32 summation order, with one forward less and fewer LM-head rows."""
+    out = {}
+    for kind, cls in (("separate", SeparateAuditActor), ("fused", None)):
+        engine = make_engine(tiny["llama"], cls=cls or MultiLoRAFSDPPPOActor)
+        rows, logps = [], []
+        head = engine.model.get_output_embeddings()
+        # Rows the head computed: the ones not left all zero.
+        head.register_forward_hook(
+            lambda m, i, o: rows.append(int(o[0].abs().sum(-1).gt(0).sum()))
+        )
+        compute_logp = engine.compute_logp
+
+        def spy(*args, _f=compute_logp, **kwargs):
+            logps.append(1)
+            return _f(*args, **kwargs)
+
+        engine.compute_logp = spy
+        try:
+            # audit_trajectories covers both groups, so both audit every token.
+            engine.add_task("a", lr=1e-2, total_steps=3, n_samples=2, seed=0)
+            engine.slots["a"].meta["audit_trajectories"] = 2
+            batch = [
+                ragged_batch([9, 31, 5, 14], seed=3),
+                ragged_batch([20, 7, 12, 16], seed=4),
+            ]
+            result, grads = _step_with_grads(engine, "a", batch)
+            out[kind] = (result["stats"], result["audit"], grads, rows, logps)
+        finally:
+            engine.destroy()
+    (s1, a1, d1, r1, f1), (s2, a2, d2, r2, f2) = out["separate"], out["fused"]
+    key = "marlaas/a/ppo_actor/update/"
+    assert s1[key + "actor_loss/avg"] == pytest.approx(
+        s2[key + "actor_loss/avg"], rel=1e-4, abs=1e-6
+    )
+    assert s1[key + "grad_norm"] == pytest.approx(s2[key + "grad_norm"], rel=1e-4)
+    assert s1[key + "new_logp/avg"] == pytest.approx(s2[key + "new_logp/avg"], rel=1e-5)
+    assert s1[key + "grad_norm"] > 0 and d1.keys() == d2.keys()
+    scale = max(float(d.abs().max()) for d in d1.values())
+    for name in d1:
+        assert torch.allclose(d1[name], d2[name], rtol=1e-3, atol=1e-5 * scale), name
+    # The same audit: every generated token (length - 3 prompt tokens each).
+    tokens = sum(n - 3 for n in [9, 31, 5, 14, 20, 7, 12, 16])
+    assert a1["audited_tokens"] == a2["audited_tokens"] == tokens
+    assert a1["logprob_gap_mean"] == pytest.approx(a2["logprob_gap_mean"], rel=1e-5)
+    assert a1["logprob_gap_max"] == pytest.approx(a2["logprob_gap_max"], rel=1e-5)
+    # Separate: an audit forward, then the update over all 114 rows; fused: the
+    # update alone, its LM head over the generated tokens' rows.
+    assert (len(f1), len(f2)) == (1, 0)
+    assert r1 == [114, 114] and r2 == [tokens]
+
+
+def test_audit_in_the_update_refuses_before_the_optimizer_step(tiny):
+    """A batch whose server logprobs are far from the trainer's is refused
+    between backward and optimizer step: weights, AdamW state, RNG and version
+    stay bitwise as they were, and the next batch trains normally."""
+    from areal_marlaas.train.engine import AuditError
+
+    engine = make_engine(tiny["llama"])
+    try:
+        engine.add_task(
+            "a", lr=1e-2, total_steps=3, n_samples=2, seed=0, audit_max_mean_gap=0.05
+        )
+        slot = engine.slots["a"]
+        weights, optim = lora_snapshot(engine, "a"), optimizer_snapshot(engine, "a")
+        rng = slot.rng
+        # ragged_batch's server logprobs are uniform noise in (-1, 0]: far off.
+        with pytest.raises(AuditError, match=r"exceeds 0.05 \(audit.max_mean_gap\)"):
+            engine.train_task("a", [ragged_batch([9, 31, 5, 14], seed=3)])
+        assert slot.version == 0 and slot.rng is rng
+        assert_bitwise_equal(lora_snapshot(engine, "a"), weights)
+        assert_bitwise_equal(optimizer_snapshot(engine, "a"), optim)
+        assert all(p.grad is None or not p.grad.any() for p in engine._lora.values())
+        slot.meta["audit_max_mean_gap"] = 0.0  # record only
+        result = engine.train_task("a", [ragged_batch([9, 31, 5, 14], seed=3)])
+        assert result["version"] == 1 and result["audit"]["logprob_gap_mean"] > 0.05
+        assert any(
+            not torch.equal(weights[k], v)
+            for k, v in lora_snapshot(engine, "a").items()
+        )
+    finally:
+        engine.destroy()

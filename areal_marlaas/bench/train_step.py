@@ -8,11 +8,14 @@ on fresh on-policy batches, then one more step under torch's FLOP counter. The
 achieved rate (counted FLOPs / step time) is put beside the fp32 GEMM rate
 measured in the same process with the same threads.
 
-Paths (``VARIANTS``): ``packed`` is the engine's CPU path (per-sequence causal
-sdpa, no page padding, AReaL's helpers eager); ``masked`` is AReaL's own sdpa
-path (one block-diagonal mask over the pack, micro-batches padded to 256-token
+Paths (``VARIANTS``): ``engine`` is the engine now: ``packed`` plus the audit
+read from the update's own forward and the LM head on the loss's rows only;
+``packed`` is the CPU attention path alone (per-sequence causal sdpa, no page
+padding, AReaL's helpers eager, a separate audit forward, the full LM head), the
+engine from d251ea2 until the audit moved; ``masked`` is AReaL's own sdpa path
+(one block-diagonal mask over the pack, micro-batches padded to 256-token
 pages), the engine before d251ea2; ``masked_compiled`` also compiles AReaL's
-helpers with inductor, as before d33b705.
+helpers with inductor, as before d33b705 (the code issue 17 was filed on).
 """
 
 from __future__ import annotations
@@ -26,10 +29,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+_OLD = {"fused_audit": False, "lm_head_rows": False}
 VARIANTS: dict[str, dict[str, Any]] = {
-    "packed": {"packed_attention": True, "compile": False},
-    "masked": {"packed_attention": False, "compile": False},
-    "masked_compiled": {"packed_attention": False, "compile": True},
+    "engine": {
+        "packed_attention": True,
+        "fused_audit": True,
+        "lm_head_rows": True,
+        "compile": False,
+    },
+    "packed": {"packed_attention": True, **_OLD, "compile": False},
+    "masked": {"packed_attention": False, **_OLD, "compile": False},
+    "masked_compiled": {"packed_attention": False, **_OLD, "compile": True},
 }
 
 
@@ -71,7 +81,7 @@ def make_batch(
     return out
 
 
-def _engine(model: str, packed: bool):
+def _engine(model: str, variant: dict[str, Any]):
     from areal.api.cli_args import OptimizerConfig, PPOActorConfig
     from areal.api.io_struct import FinetuneSpec
 
@@ -79,7 +89,9 @@ def _engine(model: str, packed: bool):
     from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
 
     class Actor(MultiLoRAFSDPPPOActor):
-        packed_attention = packed
+        packed_attention = variant["packed_attention"]
+        fused_audit = variant["fused_audit"]
+        lm_head_rows = variant["lm_head_rows"]
 
     defaults = {
         k: v for k, v in _ACTOR_DEFAULTS.items() if k not in ("optimizer", "path")
@@ -103,7 +115,7 @@ def measure(opts: dict[str, Any]) -> dict[str, Any]:
     from areal_marlaas.bench.machine import gemm_gflops
 
     torch.set_num_threads(opts["threads"])
-    engine = _engine(opts["model"], VARIANTS[opts["variant"]]["packed_attention"])
+    engine = _engine(opts["model"], VARIANTS[opts["variant"]])
     vocab = engine.model.config.vocab_size
     engine.add_task(
         "t", lr=1e-4, total_steps=1000, n_samples=opts["group_size"], seed=0

@@ -13,17 +13,19 @@ GAP_LIMITS = {"float32": 0.01, "other": 0.1}
 
 @dataclass
 class AuditConfig:
-    """Before each update, the trainer recomputes (with the version's weights) the
-    logprobs of a sample of the batch's generated tokens and compares them with the
-    server's; the step is refused past a threshold. The adapter name the server
-    reports for every request must be the task's current one."""
+    """Before each update, the trainer computes (with the version's weights) the
+    logprobs of the batch's generated tokens and compares them with the server's;
+    the step is refused past a threshold, before the optimizer steps. The adapter
+    name the server reports for every request must be the task's current one."""
 
     trajectories: int = field(
         default=2,
         metadata={
-            "help": "Prompt groups re-scored per step (their every generated token); "
-            "all of them when actor.recompute_logprob is on (free then). 0 = only "
-            "the adapter-name check."
+            "help": "Prompt groups re-scored per step by a separate forward "
+            "(their every generated token) when the update's own forward cannot "
+            "be read (actor.ppo_n_minibatches > 1); with one minibatch, or "
+            "actor.recompute_logprob on, every group is audited at no extra cost. "
+            "0 = only the adapter-name check."
         },
     )
     max_mean_gap: float | None = field(

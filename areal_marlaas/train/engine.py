@@ -29,6 +29,7 @@ from areal.engine.fsdp_engine import FSDPPPOActor
 from areal.engine.fsdp_utils import get_cosine_schedule_with_warmup
 from areal.trainer.ppo.actor import PPOActor
 from areal.utils import logging, stats_tracker
+from areal.utils.functional import gather_logprobs_entropy
 from safetensors.torch import load_file, save_file
 from transformers import (
     get_constant_schedule_with_warmup,
@@ -237,7 +238,99 @@ class OnPolicyFSDPPPOActor(CPUFixedFSDPPPOActor):
         super().ppo_update(data)
 
 
-class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
+class LMHeadRows:
+    """A training forward computes the LM head only where the loss reads it.
+
+    The GRPO loss reads the logprob of every generated token, i.e. the logits
+    of the rows under the (shifted) loss mask; the prompt's rows would be
+    computed, log-softmaxed and masked away. The LM head is the largest layer of
+    a small model (SmolLM2-135M: 49k x 576, ~17% of a step's FLOPs), so during
+    ``train_batch`` it runs on the loss mask's rows only and returns those rows'
+    logits; the logprobs and entropies are computed on them and put back at
+    their positions (zero elsewhere, where the mask ignores them). Every loss
+    term, logprob and gradient the update reads is the same (tested). The
+    per-token logit min/max stats then describe the loss's rows."""
+
+    lm_head_rows = True
+
+    def _row_select(self) -> bool:
+        return (
+            self.lm_head_rows
+            and self.parallel_helper.sp_size == 1
+            and self.parallel_helper.tp_size == 1
+            and not self.enable_tree_training
+        )
+
+    def _install_row_head(self) -> None:
+        self._lm_rows: torch.Tensor | None = None
+        self._length = 0  # the micro-batch's tokens, while _lm_rows is set
+        self._in_train_batch = False
+        head = self.model.get_output_embeddings()
+        full = head.forward
+
+        def forward(hidden: torch.Tensor) -> torch.Tensor:
+            rows = self._lm_rows
+            if rows is None or hidden.ndim != 3 or hidden.shape[0] != 1:
+                return full(hidden)
+            return full(hidden.index_select(1, rows))
+
+        head.forward = forward
+
+    def train_batch(self, input_, loss_fn, loss_weight_fn):
+        self._in_train_batch = self._row_select()
+        try:
+            return super().train_batch(input_, loss_fn, loss_weight_fn)
+        finally:
+            self._in_train_batch = False
+            self._lm_rows = None
+
+    def _prepare_mb_inputs(self, mb_item):
+        inputs, ctx = super()._prepare_mb_inputs(mb_item)
+        self._lm_rows = None
+        if self._in_train_batch:
+            mask = ctx.mb_input["loss_mask"].reshape(-1)
+            length = inputs["input_ids"].shape[-1]
+            rows = mask.nonzero().reshape(-1)
+            # Padding, if any, is at the end; a micro-batch with nothing to
+            # learn keeps every row (AReaL returns a zero loss over them).
+            if rows.numel() and mask.numel() <= length:
+                self._lm_rows = rows.to(inputs["input_ids"].device)
+                self._length = length
+        return inputs, ctx
+
+    def _spread(self, values: torch.Tensor, length: int, fill=0.0) -> torch.Tensor:
+        """Per-row values of the computed rows, back at their positions."""
+        out = values.new_full((length,), fill)
+        return out.index_copy(0, self._lm_rows, values)
+
+    def _compute_logprobs_entropy(self, logits, inputs, ulysses_pad_size=0):
+        rows = self._lm_rows
+        if rows is None:
+            return super()._compute_logprobs_entropy(logits, inputs, ulysses_pad_size)
+        labels = torch.roll(inputs["input_ids"], shifts=-1, dims=-1).reshape(-1)
+        logprobs, entropy = gather_logprobs_entropy(
+            logits, labels[rows], temperature=self.config.temperature
+        )
+        n = labels.numel()
+        return self._spread(logprobs, n), self._spread(entropy, n)
+
+    def _get_vocab_min_max_logits(self, logits, ulysses_pad_size=0):
+        lo, hi = super()._get_vocab_min_max_logits(logits, ulysses_pad_size)
+        rows = self._lm_rows
+        if rows is None:
+            return lo, hi
+        # Rows not computed get the computed rows' mean, so the stat's mean,
+        # min and max are those of the loss's rows.
+        n = self._length
+        return self._spread(lo, n, float(lo.mean())), self._spread(
+            hi, n, float(hi.mean())
+        )
+
+
+class MultiLoRAFSDPPPOActor(LMHeadRows, PackedAttentionMaskFix, FSDPPPOActor):
+    # The audit reads the update's own forward when it can (_audited_update).
+    fused_audit = True
+
     def __init__(self, config: PPOActorConfig):
         from areal_marlaas.train.screen import quiet_if_asked
 
@@ -258,6 +351,9 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
         super().__init__(copy.deepcopy(config))
         self.slots: dict[str, TaskSlot] = {}
         self.active: str | None = None
+        # Set by _audited_update while the update's forward feeds the audit.
+        self._audit_gaps: list[torch.Tensor] | None = None
+        self._before_step = None
         self._lora: dict[str, torch.nn.Parameter] = {}
 
     # -- setup ------------------------------------------------------------------
@@ -265,6 +361,7 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
         eager_on_cpu()
         super().initialize(addr, ft_spec, *args, **kwargs)
         self._use_packed_attention()
+        self._install_row_head()
         self._lora = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         if not self._lora or not all("lora_" in n for n in self._lora):
             raise RuntimeError("expected only LoRA parameters to be trainable")
@@ -447,18 +544,9 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
             )
         data = [{k: v for k, v in t.items() if torch.is_tensor(v)} for t in batch]
         before = self._snapshot(slot)
-        with stats_tracker.scope(f"marlaas/{name}"), _task_rng(slot):
-            recompute = slot.actor.config.should_compute_prox_logp()
-            audited = data if recompute else data[: slot.meta["audit_trajectories"]]
-            logps = self.compute_logp(audited) if audited else []
-            if recompute:
-                # actor.recompute_logprob: the old logprobs come from this
-                # engine, not from the server (PPOTrainer does the same).
-                for traj, logp in zip(data, logps):
-                    traj["prox_logp"] = logp
-            audit = logprob_gap(audited, logps)
-            audit["served_adapters"] = sorted(set(served))
-            limit = slot.meta["audit_max_mean_gap"]
+        limit = slot.meta["audit_max_mean_gap"]
+
+        def check(audit: dict[str, Any]) -> None:
             if limit and audit["audited_tokens"] and audit["logprob_gap_mean"] > limit:
                 raise AuditError(
                     f"task {name!r} v{slot.version}: mean |server - trainer| "
@@ -467,9 +555,16 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
                     "(audit.max_mean_gap): the server did not generate with "
                     f"{expected}'s weights; refusing the batch"
                 )
-            data = self.compute_advantages(data)
-            self.ppo_update(data)
-            stats = stats_tracker.export(reset=True)
+
+        try:
+            with stats_tracker.scope(f"marlaas/{name}"), _task_rng(slot):
+                audit = self._audited_update(slot, data, check)
+                stats = stats_tracker.export(reset=True)
+        except AuditError:
+            stats_tracker.export(reset=True)  # the refused step's stats
+            slot.rng = before["rng"]
+            raise
+        audit["served_adapters"] = sorted(set(served))
         bad = self._non_finite(name, stats)
         if bad:
             self._restore(slot, before)
@@ -481,6 +576,70 @@ class MultiLoRAFSDPPPOActor(PackedAttentionMaskFix, FSDPPPOActor):
         slot.version += 1
         self._version = slot.version
         return {"version": slot.version, "stats": stats, "audit": audit}
+
+    def _audited_update(
+        self, slot: TaskSlot, data: list[dict[str, Any]], check
+    ) -> dict[str, Any]:
+        """Audit the batch, then take the GRPO step; returns the audit.
+
+        With one optimizer step per batch and the server's logprobs as the old
+        ones, the update's own forward runs with the version's weights: the
+        audit reads its logprobs for every generated token and ``check`` runs
+        between backward and optimizer step (a refused batch changes nothing).
+        Otherwise a separate forward re-scores ``audit_trajectories`` groups
+        (every one when the old logprobs are recomputed anyway)."""
+        recompute = slot.actor.config.should_compute_prox_logp()
+        fused = (
+            self.fused_audit
+            and not recompute
+            and slot.meta["audit_trajectories"] > 0
+            and slot.actor.config.ppo_n_minibatches == 1
+        )
+        if fused:
+            gaps: list[torch.Tensor] = []
+            self._audit_gaps = gaps
+            self._before_step = lambda: check(_gap_stats(gaps))
+            try:
+                self.ppo_update(self.compute_advantages(data))
+            finally:
+                self._audit_gaps = None
+                self._before_step = None
+            return _gap_stats(gaps)
+        audited = data if recompute else data[: slot.meta["audit_trajectories"]]
+        logps = self.compute_logp(audited) if audited else []
+        if recompute:
+            # actor.recompute_logprob: the old logprobs come from this
+            # engine, not from the server (PPOTrainer does the same).
+            for traj, logp in zip(data, logps):
+                traj["prox_logp"] = logp
+        audit = logprob_gap(audited, logps)
+        check(audit)
+        self.ppo_update(self.compute_advantages(data))
+        return audit
+
+    def train_batch(self, input_, loss_fn, loss_weight_fn):
+        gaps = self._audit_gaps
+        if gaps is not None:
+            inner = loss_fn
+
+            def loss_fn(logprobs, entropy, input_data, **kwargs):
+                # compute_advantages aligned the server's logprobs with ours
+                # (both at the position that predicts the token).
+                mask = input_data["loss_mask"].bool()
+                mine = logprobs.detach().float()[mask]
+                gaps.append((input_data["logprobs"].float()[mask] - mine).abs())
+                return inner(logprobs, entropy, input_data, **kwargs)
+
+        return super().train_batch(input_, loss_fn, loss_weight_fn)
+
+    def optimizer_step(self):
+        if self._before_step is not None:
+            try:
+                self._before_step()
+            except AuditError:
+                self.optimizer_zero_grad()
+                raise
+        return super().optimizer_step()
 
     # -- non-finite guard -------------------------------------------------------
     def _snapshot(self, slot: TaskSlot) -> dict[str, Any]:
@@ -609,6 +768,10 @@ def logprob_gap(
         mask = traj["loss_mask"].bool()
         mine = torch.roll(logp.float(), shifts=1, dims=-1)[mask]
         diffs.append((traj["logprobs"].float()[mask] - mine).abs())
+    return _gap_stats(diffs)
+
+
+def _gap_stats(diffs: list[torch.Tensor]) -> dict[str, Any]:
     if not diffs:
         return {"logprob_gap_mean": None, "logprob_gap_max": None, "audited_tokens": 0}
     d = torch.cat(diffs)
