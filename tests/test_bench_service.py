@@ -84,6 +84,7 @@ def test_summary_means_and_async_over_fifo_ratios():
             run("fifo", 4.0, 0, 200.0, [10.0, 40.0]),
             run("async", 4.0, 1, 340.0, [10.0, 14.0]),
             run("fifo", 4.0, 1, 200.0, [10.0, 60.0]),
+            run("async_first", 4.0, 0, 250.0, [10.0, 11.0]),
             {"label": "fifo@4.r2", "service": "fifo", "rate_per_min": 4.0},
         ]
     }
@@ -97,6 +98,8 @@ def test_summary_means_and_async_over_fifo_ratios():
     ttfs_a = statistics.fmean([10 + 0.95 * 2, 10 + 0.95 * 4])
     ttfs_f = statistics.fmean([10 + 0.95 * 30, 10 + 0.95 * 50])
     assert a["ttfs_p95_vs_fifo"] == pytest.approx(ttfs_a / ttfs_f)
+    assert rows["async_first"]["throughput_vs_fifo"] == pytest.approx(1.25)
+    assert "throughput_vs_fifo" not in f
     md = format_markdown({**result, "summary": summarize(result)})
     assert "| fifo | 4 | 2 (1 failed) |" in md and "1.60x" in md
 
@@ -140,6 +143,13 @@ def test_shipped_config_loads_and_sets_the_services_apart():
     assert overrides == ["service.max_new_tokens=16"]
     bench = ServiceBench(cfg, base, overrides)
     fifo, par = bench._service_overrides("fifo"), bench._service_overrides("async")
+    first = bench._service_overrides("async_first")
     assert "service.max_running_jobs=1" in fifo
-    assert "service.max_running_jobs=3" in par
-    assert fifo[0] == par[0] == "service.max_new_tokens=16"
+    assert "service.max_running_jobs=3" in par and "service.max_running_jobs=3" in first
+    assert fifo[0] == par[0] == first[0] == "service.max_new_tokens=16"
+    # Each sets its training order, whatever the service YAML's default.
+    assert "scheduler.train_order=fifo" in par and "scheduler.train_order=fifo" in fifo
+    assert "scheduler.train_order=first_steps" in first
+    from areal_marlaas.service.cli import load_service_config
+
+    assert load_service_config(base, first).scheduler.train_order == "first_steps"

@@ -128,6 +128,87 @@ def test_train_queue_is_fifo_across_tasks():
     assert core.handle(PublishDone("b", 1)) == [StartRollout("b", 1)]
 
 
+def _queue_with_a_newcomer(order: str) -> SchedulerCore:
+    """a and b have committed a step and queued their next batches (in that
+    order) while c trains its first; d arrives and queues its first batch."""
+    core = SchedulerCore(train_order=order)
+    for t in "abc":
+        core.handle(Submitted(t, 3))
+    for t in "ab":
+        core.handle(RolloutDone(t, 0))
+        if t == "a":
+            core.handle(TrainDone("a", 1))
+        else:
+            core.handle(RolloutDone("c", 0))
+            core.handle(TrainDone("b", 1))  # c trains its first step now
+    for t in "ab":
+        core.handle(PublishDone(t, 1))
+        core.handle(RolloutDone(t, 1))
+    core.handle(Submitted("d", 3))
+    core.handle(RolloutDone("d", 0))
+    assert core.training == {"c"} and list(core.train_queue) == ["a", "b", "d"]
+    return core
+
+
+def test_first_steps_order_trains_a_newcomer_first_batch_ahead_of_later_steps():
+    fifo, first = _queue_with_a_newcomer("fifo"), _queue_with_a_newcomer("first_steps")
+
+    assert fifo.handle(TrainDone("c", 1)) == [StartPublish("c", 1), StartTrain("a", 1)]
+    assert first.handle(TrainDone("c", 1)) == [
+        StartPublish("c", 1),
+        StartTrain("d", 0),
+    ]
+    # Then FIFO again: d's next batch does not jump ahead of a and b.
+    assert first.handle(TrainDone("d", 1))[-1] == StartTrain("a", 1)
+    first.handle(PublishDone("d", 1))
+    first.handle(RolloutDone("d", 1))
+    assert list(first.train_queue) == ["b", "d"]
+    assert first.handle(TrainDone("a", 2))[-1] == StartTrain("b", 1)
+    assert first.handle(TrainDone("b", 2))[-1] == StartTrain("d", 1)
+
+
+def test_a_resumed_task_first_batch_counts_from_its_submitted_version():
+    core = SchedulerCore(train_order="first_steps")
+    core.handle(Submitted("a", 4))
+    core.handle(RolloutDone("a", 0))  # a trains v0
+    core.handle(Submitted("b", 4))
+    core.handle(Submitted("r", 5, version=2))  # resumed at its committed v2
+    core.handle(RolloutDone("b", 0))
+    core.handle(TrainDone("a", 1))  # b trains v0
+    core.handle(PublishDone("a", 1))
+    core.handle(RolloutDone("a", 1))
+    core.handle(RolloutDone("r", 2))
+    assert list(core.train_queue) == ["a", "r"]
+    # r's first batch here is v2: it goes ahead of a's second step.
+    assert core.handle(TrainDone("b", 1))[-1] == StartTrain("r", 2)
+    assert core.handle(TrainDone("r", 3))[-1] == StartTrain("a", 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    steps=st.dictionaries(
+        st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 4), min_size=1
+    ),
+    seed=st.integers(0, 10**6),
+)
+def test_first_steps_order_any_event_order_stays_on_policy(steps, seed):
+    core = SchedulerCore(train_order="first_steps")
+
+    log, _ = drive(core, steps, seed)
+
+    assert core.finished()
+    for task, n in steps.items():
+        trained = [
+            a.version for a in log if isinstance(a, StartTrain) and a.task == task
+        ]
+        assert core.tasks[task].version == n and trained == list(range(n))
+
+
+def test_unknown_train_order_is_refused():
+    with pytest.raises(ValueError, match="train_order must be one of"):
+        SchedulerCore(train_order="lifo")
+
+
 def test_failed_task_frees_the_trainer_and_others_finish():
     core = SchedulerCore()
 

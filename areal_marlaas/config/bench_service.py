@@ -11,8 +11,10 @@ from areal_marlaas.errors import ConfigError
 
 # service kind -> what it sets on the service it starts. `fifo` is one job at a
 # time in arrival order (what a one-job-per-run platform gives a queue of
-# tenants); `async` runs them all at once on the shared trainer.
-SERVICES = ("async", "fifo")
+# tenants); `async` runs them all at once on the shared trainer, its training
+# queue in FIFO order; `async_first` also trains each job's first batch ahead of
+# running jobs' later ones (scheduler.train_order=first_steps).
+SERVICES = ("async", "async_first", "fifo")
 GRADERS = ("string_check", "text_similarity")
 
 
@@ -27,11 +29,13 @@ class ServiceLoadConfig:
         metadata={"help": "Poisson arrival rates, jobs per minute (one run each)."},
     )
     services: list[str] = field(
-        default_factory=lambda: list(SERVICES),
+        default_factory=lambda: ["async", "fifo"],
         metadata={
             "help": "Services compared: async (every job runs at once on the "
-            "shared trainer) and fifo (service.max_running_jobs=1: one job at a "
-            "time, in arrival order)."
+            "shared trainer, training queue in FIFO order), async_first (the "
+            "same, each job's first batch trained first: "
+            "scheduler.train_order=first_steps) and fifo "
+            "(service.max_running_jobs=1: one job at a time, in arrival order)."
         },
     )
     repeats: int = field(

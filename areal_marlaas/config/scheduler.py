@@ -9,7 +9,7 @@ from areal.api.cli_args import SchedulerConfig
 from areal_marlaas.config.cluster import RayClusterConfig, SlurmClusterConfig
 from areal_marlaas.errors import ConfigError
 from areal_marlaas.placement import parse_cpus
-from areal_marlaas.scheduler.core import MODES
+from areal_marlaas.scheduler.core import MODES, TRAIN_ORDERS
 
 
 @dataclass
@@ -32,6 +32,16 @@ class MARLaaSSchedulerConfig(SchedulerConfig):
         metadata={
             "help": "Batch several tasks' adapters in one server batch. false = the "
             "ablation: one task rolls out at a time."
+        },
+    )
+    train_order: str = field(
+        default="fifo",
+        metadata={
+            "help": "Order of the training queue. fifo: batches in the order their "
+            "rollouts finished; first_steps: a task's first batch since it was "
+            "submitted goes ahead of running tasks' later ones (shorter time to "
+            "a newly submitted job's first step; each task jumps the queue once).",
+            "choices": list(TRAIN_ORDERS),
         },
     )
     max_concurrent_rollouts: int = field(
@@ -108,6 +118,11 @@ class MARLaaSSchedulerConfig(SchedulerConfig):
         if self.mode not in MODES:
             raise ConfigError(
                 f"scheduler.mode must be one of {list(MODES)}, got {self.mode!r}."
+            )
+        if self.train_order not in TRAIN_ORDERS:
+            raise ConfigError(
+                f"scheduler.train_order must be one of {list(TRAIN_ORDERS)}, got "
+                f"{self.train_order!r}."
             )
         if self.max_concurrent_rollouts < 0:
             raise ConfigError(

@@ -21,6 +21,13 @@ service): ``Submitted`` at any time; ``Pause`` stops a task after its current
 step is committed and published; ``Resume`` lets it roll out again; ``Cancel``
 ends it at once when nothing of it is in flight, else when its phase returns.
 
+Training order: ``fifo`` (default) trains batches in the order their rollouts
+finished. ``first_steps`` trains a task's first batch since it was submitted
+ahead of the others (FIFO within each class): a tenant who just arrived waits
+for at most the batch in training and the other newcomers' first batches, not
+for every running task's next step. Each task jumps the queue once, so no batch
+waits behind more than one first batch per task.
+
 Admission: a task starts a rollout only while the KV footprint of the tasks rolling
 out (or the server's reported usage, whichever is larger) plus its own stays within
 ``kv_budget``, and fewer than ``max_rolling`` tasks roll out. Waiting tasks go by
@@ -35,6 +42,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 MODES = ("async", "sync", "sequential", "collocated")
+TRAIN_ORDERS = ("fifo", "first_steps")
 
 
 class Phase(StrEnum):
@@ -204,6 +212,7 @@ class TaskState:
     total_steps: int
     version: int = 0
     steps_done: int = 0
+    start_version: int = 0  # the version it was submitted at
     phase: Phase = Phase.PENDING
     reason: str = ""
     kv_bytes: int = 0
@@ -225,6 +234,7 @@ class SchedulerCore:
     max_rolling: int | None = None  # tasks rolling out at once; None = unlimited
     trainers: int = 1  # train slots fed by the FIFO queue
     task_retries: int = 0  # retries of a failed phase per version
+    train_order: str = "fifo"  # or "first_steps" (see the module docstring)
     tasks: dict[str, TaskState] = field(default_factory=dict)
     train_queue: deque[str] = field(default_factory=deque)
     training: set[str] = field(default_factory=set)
@@ -234,6 +244,10 @@ class SchedulerCore:
         if self.mode not in MODES:
             raise ValueError(
                 f"scheduler mode must be one of {MODES}, got {self.mode!r}"
+            )
+        if self.train_order not in TRAIN_ORDERS:
+            raise ValueError(
+                f"train_order must be one of {TRAIN_ORDERS}, got {self.train_order!r}"
             )
         if self.trainers < 1:
             raise ValueError(f"trainers must be >= 1, got {self.trainers}")
@@ -319,6 +333,7 @@ class SchedulerCore:
             event.task,
             event.total_steps,
             version=event.version,
+            start_version=event.version,
             kv_bytes=event.kv_bytes,
             priority=event.priority,
             order=len(self.tasks),
@@ -445,14 +460,22 @@ class SchedulerCore:
     def _next_train(self) -> list[Action]:
         actions: list[Action] = []
         while len(self.training) < self.trainers and self.train_queue:
-            task = self.tasks[self.train_queue[0]]
+            task = self.tasks[self._next_in_queue()]
             if not self._may_train(task):
                 break
-            self.train_queue.popleft()
+            self.train_queue.remove(task.name)
             task.phase = Phase.TRAIN
             self.training.add(task.name)
             actions.append(StartTrain(task.name, task.version))
         return actions
+
+    def _next_in_queue(self) -> str:
+        if self.train_order == "first_steps":
+            for name in self.train_queue:
+                task = self.tasks[name]
+                if task.version == task.start_version:
+                    return name
+        return self.train_queue[0]
 
     # -- failures ---------------------------------------------------------------
     def _error(self, task: TaskState, reason: str) -> list[Action]:

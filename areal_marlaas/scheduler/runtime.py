@@ -107,6 +107,7 @@ class RuntimeOptions:
     kv_budget: int | None = None  # bytes; None = unlimited
     max_rolling: int | None = None
     task_retries: int = 0
+    train_order: str = "fifo"
     rollout_timeout: float | None = None
     # Returns the server's KV bytes in use, or None when it cannot be read;
     # polled every kv_poll_interval_s while no other event arrives.
@@ -154,6 +155,7 @@ class Runtime:
             kv_budget=opts.kv_budget,
             max_rolling=opts.max_rolling,
             task_retries=opts.task_retries,
+            train_order=opts.train_order,
         )
         self.events: queue.Queue = queue.Queue()
         self._workers = ThreadPoolExecutor(

@@ -136,11 +136,16 @@ def simulate(
     max_rolling: int | None = None,
     record: bool = True,
     fast: bool = True,
+    train_order: str = "fifo",
 ) -> SimResult:
     """Run ``tasks`` to completion under ``mode``; times start at 0. ``fast``
     memoizes the core's turn checks (same decisions; see ``_ProjectionCore``)."""
     core = (_ProjectionCore if fast else SchedulerCore)(
-        mode=mode, kv_budget=kv_budget, max_rolling=max_rolling, trainers=trainers
+        mode=mode,
+        kv_budget=kv_budget,
+        max_rolling=max_rolling,
+        trainers=trainers,
+        train_order=train_order,
     )
     unfinished = len(tasks)
     spec = {t.name: t for t in tasks}

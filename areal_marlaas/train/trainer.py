@@ -271,6 +271,7 @@ class MultiTaskTrainer:
             kv_budget=budget,
             max_rolling=sched.max_rolling,
             task_retries=sched.task_retries,
+            train_order=sched.train_order,
             rollout_timeout=cfg.rollout.request_timeout,
             kv_probe=probe,
             kv_poll_interval_s=sched.kv_poll_interval_s,
