@@ -63,8 +63,36 @@ def test_run_metrics_exact_numbers():
     assert m["ttfs_by_arrival"] == [20.0, 50.0, 60.0]
 
 
+def test_ttfs_parts_sum_to_ttfs_and_average_over_jobs_that_have_them():
+    from areal_marlaas.bench.service_load import ttfs_parts
+
+    a = {**job(20.0, [120.0], [4.0]), "waiting_s": 2.0, "queue_wait_s": [3.0]}
+    b = {**job(30.0, [140.0], [6.0]), "waiting_s": 10.0, "queue_wait_s": [1.0]}
+    never = {**job(None, [], [], status="cancelled"), "waiting_s": None}
+    parts = ttfs_parts(a)
+    assert parts == {
+        "waiting_s": 2.0,
+        "first_batch_s": 11.0,
+        "queue_s": 3.0,
+        "train_s": 4.0,
+    }
+    assert sum(parts.values()) == a["ttfs_s"] and ttfs_parts(never) is None
+    m = run_metrics([a, b, never], first_arrival=100.0)
+    assert m["ttfs_parts"] == {
+        "waiting_s": 6.0,
+        "first_batch_s": (11.0 + 13.0) / 2,
+        "queue_s": 2.0,
+        "train_s": 5.0,
+    }
+    assert run_metrics([never], first_arrival=0.0)["ttfs_parts"] is None
+
+
 def run(service, rate, repeat, steps_per_hour, ttfs):
-    jobs = [job(t, [100.0 + t, 110.0 + t], [5.0, 5.0]) for t in ttfs]
+    jobs = [
+        {**job(t, [100.0 + t, 110.0 + t], [5.0, 5.0]), "waiting_s": 1.0}
+        | {"queue_wait_s": [2.0, 0.0]}
+        for t in ttfs
+    ]
     m = run_metrics(jobs, first_arrival=100.0)
     m["steps_per_hour"] = steps_per_hour
     return {
@@ -102,6 +130,12 @@ def test_summary_means_and_async_over_fifo_ratios():
     assert "throughput_vs_fifo" not in f
     md = format_markdown({**result, "summary": summarize(result)})
     assert "| fifo | 4 | 2 (1 failed) |" in md and "1.60x" in md
+    # TTFS parts: async's first batches took ttfs - 1 - 2 - 5: (2 + 4) / 2 in
+    # repeat 0, (2 + 6) / 2 in repeat 1.
+    parts = a["ttfs_parts"]
+    assert parts["waiting_s"] == (1.0, 0.0) and parts["train_s"][0] == 5.0
+    assert parts["first_batch_s"][0] == pytest.approx(3.5)
+    assert "| async | 4 | 1.0 +- 0.0 | 3.5 +- 0.7 | 2.0 +- 0.0 | 5.0 +- 0.0 |" in md
 
 
 @pytest.mark.parametrize(

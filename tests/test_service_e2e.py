@@ -385,6 +385,10 @@ def test_bench_service_runs_async_and_fifo_services_under_poisson_load(tmp_path)
         # The service's own TTFS, and the commits the TPTS comes from.
         assert all(0 < j["ttfs_s"] < m["window_s"] for j in r["jobs"])
         assert all(len(j["commits"]) == 2 for j in r["jobs"])
+        # Where TTFS went, from the jobs' events: every part known.
+        assert all(len(j["queue_wait_s"]) == len(j["train_s"]) == 2 for j in r["jobs"])
+        assert all(j["waiting_s"] is not None for j in r["jobs"])
+        assert m["ttfs_parts"]["first_batch_s"] > 0 and m["ttfs_parts"]["train_s"] > 0
         spans[service] = [(j["commits"][0], j["commits"][-1]) for j in r["jobs"]]
     # fifo: one job at a time, in arrival order; async: jobs overlap.
     fifo = spans["fifo"]
@@ -393,6 +397,10 @@ def test_bench_service_runs_async_and_fifo_services_under_poisson_load(tmp_path)
     assert runs["fifo"]["metrics"]["ttfs_by_arrival"][2] > max(
         runs["async"]["metrics"]["ttfs_by_arrival"]
     )
+    # FIFO's third job waited for the two before it to finish (>= 2 of its
+    # steps each), in the service's job queue, before it ran.
+    third = runs["fifo"]["jobs"][2]
+    assert third["waiting_s"] >= sum(runs["fifo"]["jobs"][0]["train_s"])
     md = (out / "bench_service.md").read_text()
     assert "| async | 30 | 1 |" in md and "| fifo | 30 | 1 |" in md
     assert (out / "ttfs_by_arrival.png").stat().st_size > 0

@@ -19,6 +19,7 @@ from areal_marlaas.bench.service_load import (
     BASE_MODEL,
     GRADERS,
     TERMINAL,
+    TTFS_PARTS,
     ServiceProcess,
     arithmetic_lines,
     arrival_times,
@@ -139,14 +140,15 @@ class ServiceBench:
         jobs = []
         for job_id in ids:
             job = client.fine_tuning.jobs.retrieve(job_id)
-            commits, train = job_steps(client, job_id)
+            started = getattr(job, "started_at", None)
             jobs.append(
                 {
                     "id": job_id,
                     "status": job.status,
                     "ttfs_s": getattr(job, "ttfs_s", None),
-                    "commits": commits,
-                    "train_s": train,
+                    # The job object's times are whole seconds.
+                    "waiting_s": None if started is None else started - job.created_at,
+                    **job_steps(client, job_id),
                 }
             )
         return {
@@ -248,6 +250,11 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
         }
         for k in KEYS:
             row[k] = mean_sd([r["metrics"][k] for r in ok])
+        parts = [r["metrics"].get("ttfs_parts") for r in ok]
+        parts = [x for x in parts if x]
+        row["ttfs_parts"] = (
+            {k: mean_sd([x[k] for x in parts]) for k in TTFS_PARTS} if parts else None
+        )
         rows.append(row)
     by = {(r["service"], r["rate_per_min"]): r for r in rows}
     for row in rows:
@@ -293,6 +300,23 @@ def format_markdown(result: dict[str, Any]) -> str:
     ]
     if ratios:
         lines += ["", "; ".join(ratios)]
+    parted = [r for r in result.get("summary") or [] if r.get("ttfs_parts")]
+    if parted:
+        lines += [
+            "",
+            "Where TTFS went (mean per job, s): waiting = in the service's job "
+            "queue; first batch = set-up, rollout and rewards; queue = in the "
+            "training queue; train = the step.",
+            "",
+            "| service | jobs/min | waiting | first batch | queue | train |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in parted:
+            lines.append(
+                f"| {r['service']} | {r['rate_per_min']:g} | "
+                + " | ".join(_ms(r["ttfs_parts"][k]) for k in TTFS_PARTS)
+                + " |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -10,6 +10,10 @@ Metrics per run (docs/bench.md#service-under-load):
 - throughput: committed steps / (last step - first arrival), per hour.
 - step time: the mean ``train_s`` of the run's steps (what "TTFS <= 2 step
   times" is measured in).
+- TTFS parts (mean per job): ``waiting_s`` (created -> started: the service's
+  job queue; whole seconds, the job object's resolution), ``first_batch_s``
+  (started -> its first batch queued for the trainer: set-up, rollout,
+  rewards), ``queue_s`` (in the training queue) and ``train_s`` (the step).
 """
 
 from __future__ import annotations
@@ -95,6 +99,8 @@ def run_metrics(jobs: list[dict[str, Any]], first_arrival: float) -> dict[str, A
     step_s = statistics.fmean(train) if train else None
     ttfs_p95 = percentile(known, 95)
     tpts_p50 = percentile(gaps, 50)
+    parts = [ttfs_parts(j) for j in jobs]
+    parts = [x for x in parts if x is not None]
     return {
         "jobs": len(jobs),
         "succeeded": sum(j["status"] == "succeeded" for j in jobs),
@@ -110,6 +116,28 @@ def run_metrics(jobs: list[dict[str, Any]], first_arrival: float) -> dict[str, A
         "ttfs_p95_in_steps": ttfs_p95 / step_s if ttfs_p95 and step_s else None,
         "ttfs_p95_in_tpts": ttfs_p95 / tpts_p50 if ttfs_p95 and tpts_p50 else None,
         "ttfs_by_arrival": ttfs,
+        "ttfs_parts": {k: statistics.fmean(x[k] for x in parts) for k in TTFS_PARTS}
+        if parts
+        else None,
+    }
+
+
+TTFS_PARTS = ("waiting_s", "first_batch_s", "queue_s", "train_s")
+
+
+def ttfs_parts(job: dict[str, Any]) -> dict[str, float] | None:
+    """Where a job's TTFS went (``TTFS_PARTS``, summing to ``ttfs_s``), from its
+    ``waiting_s`` (created -> started) and its first step's ``queue_wait_s`` and
+    ``train_s``; None when one is unknown."""
+    ttfs, wait = job.get("ttfs_s"), job.get("waiting_s")
+    queue, train = job.get("queue_wait_s") or [], job.get("train_s") or []
+    if ttfs is None or wait is None or not queue or not train:
+        return None
+    return {
+        "waiting_s": wait,
+        "first_batch_s": ttfs - wait - queue[0] - train[0],
+        "queue_s": queue[0],
+        "train_s": train[0],
     }
 
 
@@ -173,21 +201,27 @@ class ServiceProcess:
         return tail(self.log, n)
 
 
-def job_steps(client, job_id: str) -> tuple[list[float], list[float]]:
-    """(commit times, train seconds) of a job's committed steps, from its
-    ``metrics`` events (every page)."""
-    commits, train = {}, {}
+def job_steps(client, job_id: str) -> dict[str, list[float]]:
+    """A job's committed steps from its ``metrics`` events (every page), in step
+    order: ``commits`` (commit times), ``train_s`` and ``queue_wait_s``."""
+    steps: dict[int, dict[str, Any]] = {}
     after = None
     while True:
         page = client.fine_tuning.jobs.list_events(job_id, limit=100, after=after)
         for e in page.data:
             data = e.data or {}
             if e.type == "metrics" and "committed_at" in data:
-                commits[data["step"]] = float(data["committed_at"])
-                if data.get("train_s") is not None:
-                    train[data["step"]] = float(data["train_s"])
+                steps[data["step"]] = data
         if not page.has_more or not page.data:
             break
         after = page.data[-1].id
-    steps = sorted(commits)
-    return [commits[s] for s in steps], [train[s] for s in steps if s in train]
+    ordered = [steps[s] for s in sorted(steps)]
+
+    def each(key: str) -> list[float]:
+        return [float(d[key]) for d in ordered if d.get(key) is not None]
+
+    return {
+        "commits": each("committed_at"),
+        "train_s": each("train_s"),
+        "queue_wait_s": each("queue_wait_s"),
+    }
