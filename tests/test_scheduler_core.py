@@ -26,6 +26,12 @@ from areal_marlaas.scheduler.core import (
     TrainDone,
 )
 
+# Up to four tasks of 0-4 steps each, and the seed of the event order.
+TASK_STEPS = st.dictionaries(
+    st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 4), min_size=1
+)
+SEEDS = st.integers(0, 10**6)
+
 
 def drive(
     core: SchedulerCore,
@@ -88,12 +94,7 @@ def drive(
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    steps=st.dictionaries(
-        st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 4), min_size=1
-    ),
-    seed=st.integers(0, 10**6),
-)
+@given(steps=TASK_STEPS, seed=SEEDS)
 def test_async_any_event_order_finishes_every_task_on_policy(steps, seed):
     core = SchedulerCore()
 
@@ -185,12 +186,7 @@ def test_a_resumed_task_first_batch_counts_from_its_submitted_version():
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    steps=st.dictionaries(
-        st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 4), min_size=1
-    ),
-    seed=st.integers(0, 10**6),
-)
+@given(steps=TASK_STEPS, seed=SEEDS)
 def test_first_steps_order_any_event_order_stays_on_policy(steps, seed):
     core = SchedulerCore(train_order="first_steps")
 
@@ -282,12 +278,7 @@ def sync_barriers(core: SchedulerCore, action, in_flight) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    steps=st.dictionaries(
-        st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 4), min_size=1
-    ),
-    seed=st.integers(0, 10**6),
-)
+@given(steps=TASK_STEPS, seed=SEEDS)
 def test_sync_never_starts_next_round_before_every_task_committed(steps, seed):
     core = SchedulerCore(mode="sync")
 

@@ -244,6 +244,24 @@ def test_a_batch_the_server_served_under_another_name_is_refused(tiny):
         engine.destroy()
 
 
+def _step_with_grads(engine, task, batch):
+    """One train_task; returns (result, every LoRA gradient at the step)."""
+    grads = {}
+    opt = engine.slots[task].optimizer
+    step = opt.step
+
+    def record(*args, _step=step, **kwargs):
+        for n, p in engine._lora.items():
+            grads[n] = _full(p.grad).detach().clone()
+        return _step(*args, **kwargs)
+
+    opt.step = record
+    try:
+        return engine.train_task(task, batch), grads
+    finally:
+        opt.step = step
+
+
 def test_packed_attention_gives_the_same_update_as_sdpa(tiny):
     """The CPU attention path (per-sequence sdpa, no page padding) changes how
     the step is computed, not the update: the same loss, grad norm and gradient
@@ -255,18 +273,9 @@ def test_packed_attention_gives_the_same_update_as_sdpa(tiny):
         engine = make_engine(tiny["llama"], cls=cls)
         try:
             engine.add_task("a", lr=1e-2, total_steps=3, n_samples=2, seed=0)
-            grads = {}
-            opt = engine.slots["a"].optimizer
-            step = opt.step
-
-            def record(*args, _step=step, **kwargs):
-                for n, p in engine._lora.items():
-                    grads[n] = _full(p.grad).detach().clone()
-                return _step(*args, **kwargs)
-
-            opt.step = record
             batch = ragged_batch([9, 31, 5, 14], seed=3)
-            stats = engine.train_task("a", [batch])["stats"]
+            result, grads = _step_with_grads(engine, "a", [batch])
+            stats = result["stats"]
             out[attn] = (
                 stats["marlaas/a/ppo_actor/update/actor_loss/avg"],
                 stats["marlaas/a/ppo_actor/update/grad_norm"],
@@ -291,24 +300,6 @@ class SeparateAuditActor(MultiLoRAFSDPPPOActor):
 
     fused_audit = False
     lm_head_rows = False
-
-
-def _step_with_grads(engine, task, batch):
-    """One train_task; returns (result, every LoRA gradient at the step)."""
-    grads = {}
-    opt = engine.slots[task].optimizer
-    step = opt.step
-
-    def record(*args, _step=step, **kwargs):
-        for n, p in engine._lora.items():
-            grads[n] = _full(p.grad).detach().clone()
-        return _step(*args, **kwargs)
-
-    opt.step = record
-    try:
-        return engine.train_task(task, batch), grads
-    finally:
-        opt.step = step
 
 
 def test_audit_from_the_update_forward_and_lm_head_rows_leave_the_update(tiny):
