@@ -351,9 +351,9 @@ class MultiLoRAFSDPPPOActor(LMHeadRows, PackedAttentionMaskFix, FSDPPPOActor):
         super().__init__(copy.deepcopy(config))
         self.slots: dict[str, TaskSlot] = {}
         self.active: str | None = None
-        # Set by _audited_update while the update's forward feeds the audit.
-        self._audit_gaps: list[torch.Tensor] | None = None
-        self._before_step = None
+        # (gaps, check) while the update's forward feeds the audit
+        # (_audited_update): the loss collects gaps, optimizer_step checks them.
+        self._fused_audit: tuple[list[torch.Tensor], Any] | None = None
         self._lora: dict[str, torch.nn.Parameter] = {}
 
     # -- setup ------------------------------------------------------------------
@@ -597,13 +597,11 @@ class MultiLoRAFSDPPPOActor(LMHeadRows, PackedAttentionMaskFix, FSDPPPOActor):
         )
         if fused:
             gaps: list[torch.Tensor] = []
-            self._audit_gaps = gaps
-            self._before_step = lambda: check(_gap_stats(gaps))
+            self._fused_audit = (gaps, check)
             try:
                 self.ppo_update(self.compute_advantages(data))
             finally:
-                self._audit_gaps = None
-                self._before_step = None
+                self._fused_audit = None
             return _gap_stats(gaps)
         audited = data if recompute else data[: slot.meta["audit_trajectories"]]
         logps = self.compute_logp(audited) if audited else []
@@ -618,9 +616,8 @@ class MultiLoRAFSDPPPOActor(LMHeadRows, PackedAttentionMaskFix, FSDPPPOActor):
         return audit
 
     def train_batch(self, input_, loss_fn, loss_weight_fn):
-        gaps = self._audit_gaps
-        if gaps is not None:
-            inner = loss_fn
+        if self._fused_audit is not None:
+            gaps, inner = self._fused_audit[0], loss_fn
 
             def loss_fn(logprobs, entropy, input_data, **kwargs):
                 # compute_advantages aligned the server's logprobs with ours
@@ -633,9 +630,10 @@ class MultiLoRAFSDPPPOActor(LMHeadRows, PackedAttentionMaskFix, FSDPPPOActor):
         return super().train_batch(input_, loss_fn, loss_weight_fn)
 
     def optimizer_step(self):
-        if self._before_step is not None:
+        if self._fused_audit is not None:
+            gaps, check = self._fused_audit
             try:
-                self._before_step()
+                check(_gap_stats(gaps))
             except AuditError:
                 self.optimizer_zero_grad()
                 raise
