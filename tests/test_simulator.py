@@ -329,6 +329,59 @@ def test_modes_left_out_of_the_fit_are_predicted_out_of_sample(tmp_path):
     assert "|error| out of sample (2 runs)" in text
 
 
+def test_env_time_follows_generation_off_the_server():
+    """A task's tool-call time comes after its batch's generation and holds no
+    server share: alone it delays the commit by exactly that time, and the
+    other task's batch (which shares the server) is not slowed."""
+    alone = simulate([SimTask("a", 1, 4)], fixed(), "async")
+    waits = simulate([SimTask("a", 1, 4, env_s=2.0)], fixed(), "async")
+    assert commits(waits)["a"][0] == pytest.approx(commits(alone)["a"][0] + 2.0)
+    envs = [e for e in waits.events if e["phase"] == "env"]
+    assert [(e["start"], e["end"]) for e in envs] == [(4.0, 6.0)]
+    shared = LatencyModels(RolloutModel(work_s=4.0, beta=0.0), 3.0, publish_s=1.0)
+    pair = simulate(
+        [SimTask("a", 1, 4, env_s=5.0), SimTask("b", 1, 4)], shared, "async"
+    )
+    rolled = {e["task"]: e["end"] for e in pair.events if e["phase"] == "rollout"}
+    # beta 0: the server's rate is shared, both batches finish generating at 32 s
+    # (8 sequences x 4 s); a's tool calls then add 5 s to a only.
+    assert rolled == pytest.approx({"a": 37.0, "b": 32.0})
+
+
+def test_env_time_is_fitted_per_task_from_the_tool_calls(tmp_path):
+    """A bench whose first task waits 4 s on tools per batch: the fit finds 4 s
+    for that task and none for the others, fits the server exactly as on the
+    same bench without tool calls, and predicts the modes it never saw; the
+    projection's replicas of that task wait on tools too."""
+    from areal_marlaas.sim.project import format_models, simulate_bench
+
+    def truth(mode):
+        m = _truth()
+        m.env_by_task = {"m_0": 4.0}
+        return m
+
+    write_bench(tmp_path / "env", truth)
+    write_bench(tmp_path / "none", lambda mode: _truth())
+    out = simulate_bench(tmp_path / "env", [2], fit_modes=["async"])
+    none = simulate_bench(tmp_path / "none", [2], fit_modes=["async"])
+    fitted = LatencyModels.from_dict(out["models"]["disaggregated"])
+    assert fitted.env_by_task == pytest.approx({"m_0": 4.0})
+    assert fitted.env_of("m_1") == 0.0
+    plain = none["models"]["disaggregated"]["rollout"]
+    assert fitted.rollout.work_s == pytest.approx(plain["work_s"], rel=1e-6)
+    assert fitted.rollout.beta == plain["beta"]
+    for row in out["validation"]:
+        assert abs(row["error_pct"]) < 2.0, row
+    assert "env m_0 4.00s per batch" in format_models({"d": fitted})
+    # Sequential, 2 replicas x 2 steps: four batches each 4 s longer.
+    wall = {
+        name: {(r["tenants"], r["mode"]): r["wall_s"] for r in o["projection"]}
+        for name, o in (("env", out), ("none", none))
+    }
+    extra = wall["env"][(2, "sequential")] - wall["none"][(2, "sequential")]
+    assert extra == pytest.approx(16.0, abs=0.1)
+
+
 @pytest.mark.parametrize("other_train_s", [9.0, 14.0])
 def test_another_benchs_tenant_count_is_predicted_out_of_sample(
     tmp_path, other_train_s

@@ -10,7 +10,13 @@ fit's, plus a fixed ``overhead`` (request fan-out, reward). A batch of ``s``
 sequences alone thus takes ``overhead + work * s / min(s, M) ** beta``.
 
 Train: ``intercept + per_seq * sequences`` (train + adapter save + commit).
-Publish and env: constants (their means).
+Publish: a constant (its mean).
+
+Env (tool calls, e.g. the search agent's searches): per task, the time a batch
+spends with at least one episode waiting on a tool (the union of the batch's
+tool-call intervals), averaged over the task's batches. It is taken out of the
+batch's rollout time before the server is fitted, and the simulator adds it back
+after the batch's generation, off the server.
 """
 
 from __future__ import annotations
@@ -56,11 +62,15 @@ class LatencyModels:
     train_intercept_s: float
     train_per_seq_s: float = 0.0
     publish_s: float = 0.0
-    env_s: float = 0.0
+    env_s: float = 0.0  # tasks the fit has no env time for
+    env_by_task: dict[str, float] = field(default_factory=dict)
     fit: dict[str, Any] = field(default_factory=dict)  # diagnostics
 
     def train_s(self, seqs: int) -> float:
         return self.train_intercept_s + self.train_per_seq_s * seqs
+
+    def env_of(self, task: str) -> float:
+        return self.env_by_task.get(task, self.env_s)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,22 +90,69 @@ class RunLog:
     max_new_tokens: dict[str, int] = field(default_factory=dict)
 
 
+Segments = list[tuple[float, float]]
+
+
+def merge(intervals: Segments) -> Segments:
+    """The intervals as sorted, disjoint segments."""
+    out: Segments = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(segs: Segments) -> float:
+    return sum(b - a for a, b in segs)
+
+
+def _overlap(xs: Segments, ys: Segments) -> float:
+    return sum(max(0.0, min(b, d) - max(a, c)) for a, b in xs for c, d in ys)
+
+
+def batch_env(events: list[dict[str, Any]]) -> dict[tuple[str, int], Segments]:
+    """Each batch's (task, version) tool-call time, as merged segments: the time
+    at least one of its episodes waited on a tool."""
+    by_batch: dict[tuple[str, int], Segments] = {}
+    for e in phase_records(events):
+        if e["phase"] == "env":
+            key = (e["task"], e["version"])
+            by_batch.setdefault(key, []).append((e["start"], e["end"]))
+    return {k: merge(v) for k, v in by_batch.items()}
+
+
+def generation(rollout: dict[str, Any], env: Segments) -> Segments:
+    """The rollout interval less its batch's tool-call time: when its sequences
+    were on the server."""
+    out, at = [], rollout["start"]
+    for a, b in env:
+        if a > at:
+            out.append((at, min(a, rollout["end"])))
+        at = max(at, b)
+    if rollout["end"] > at:
+        out.append((at, rollout["end"]))
+    return [(a, b) for a, b in out if b > a]
+
+
 def mean_concurrency(
-    rollouts: list[dict[str, Any]], seqs: dict[str, int]
+    rollouts: list[dict[str, Any]],
+    seqs: dict[str, int],
+    env: dict[tuple[str, int], Segments] | None = None,
 ) -> list[float]:
-    """For each rollout interval, the time-averaged number of sequences in flight
-    over it (its own and those of every overlapping rollout)."""
+    """For each rollout, the time-averaged number of sequences on the server over
+    its generation time (its own and those of every overlapping rollout's
+    generation)."""
+    env = env or {}
+    gens = [generation(r, env.get((r["task"], r.get("version")), [])) for r in rollouts]
     out = []
-    for r in rollouts:
-        span = r["end"] - r["start"]
+    for r, g in zip(rollouts, gens):
+        span = _length(g)
         if span <= 0:
             out.append(float(seqs[r["task"]]))
             continue
-        total = 0.0
-        for o in rollouts:
-            overlap = min(r["end"], o["end"]) - max(r["start"], o["start"])
-            if overlap > 0:
-                total += seqs[o["task"]] * overlap
+        total = sum(seqs[o["task"]] * _overlap(g, h) for o, h in zip(rollouts, gens))
         out.append(total / span)
     return out
 
@@ -118,9 +175,11 @@ def fit_rollout(
     ref = statistics.median(mnts) if mnts else None
     for run in runs:
         rolls = [e for e in phase_records(run.events) if e["phase"] == "rollout"]
-        for e, n in zip(rolls, mean_concurrency(rolls, run.seqs)):
+        env = batch_env(run.events)
+        for e, n in zip(rolls, mean_concurrency(rolls, run.seqs, env)):
             scale = (run.max_new_tokens.get(e["task"]) or ref or 1) / (ref or 1)
-            xs.append((n, e["end"] - e["start"], scale))
+            gen = _length(generation(e, env.get((e["task"], e["version"]), [])))
+            xs.append((n, max(gen, 1e-3), scale))
     if not xs:
         raise ValueError("no rollout records to fit")
     ns = [n for n, _, _ in xs]
@@ -166,16 +225,19 @@ def fit_models(
     rollout, diag = fit_rollout(runs, max_seqs, default_beta)
     trains: list[tuple[int, float]] = []
     publishes: list[float] = []
-    envs: list[float] = []
+    envs: dict[str, list[float]] = {}
     for run in runs:
+        env = batch_env(run.events)
         for e in phase_records(run.events):
             d = e["end"] - e["start"]
             if e["phase"] == "train":
                 trains.append((run.seqs[e["task"]], d))
             elif e["phase"] == "publish":
                 publishes.append(d)
-            elif e["phase"] == "env":
-                envs.append(d)
+            elif e["phase"] == "rollout":
+                # Every batch counts, those that made no tool call as 0 s.
+                key = (e["task"], e["version"])
+                envs.setdefault(e["task"], []).append(_length(env.get(key, [])))
     if not trains:
         raise ValueError("no train records to fit")
     s = [x for x, _ in trains]
@@ -195,6 +257,6 @@ def fit_models(
         train_intercept_s=intercept,
         train_per_seq_s=slope,
         publish_s=statistics.fmean(publishes) if publishes else 0.0,
-        env_s=statistics.fmean(envs) if envs else 0.0,
+        env_by_task={t: statistics.fmean(v) for t, v in envs.items() if any(v)},
         fit=diag,
     )

@@ -178,6 +178,8 @@ def project(
             m = models.get(placement) or models.get("disaggregated")
             if m is None:
                 continue
+            for task in tasks:
+                task.env_s = m.env_of(t["name"])
             sim = simulate(
                 tasks,
                 m,
@@ -269,7 +271,9 @@ def format_models(models: dict[str, LatencyModels]) -> str:
             + ", overhead "
             f"{r.overhead_s:.2f}s, fit rmse {m.fit.get('rmse_s', 0):.2f}s; train "
             f"{m.train_intercept_s:.2f}s + {m.train_per_seq_s:.3f}s/seq; publish "
-            f"{m.publish_s:.2f}s; env {m.env_s:.2f}s"
+            f"{m.publish_s:.2f}s; env "
+            + (", ".join(f"{t} {v:.2f}s" for t, v in m.env_by_task.items()) or "none")
+            + " per batch"
         )
     return "\n".join(lines)
 

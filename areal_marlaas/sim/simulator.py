@@ -3,8 +3,9 @@ phase latencies instead of a server and a trainer.
 
 Rollouts run on ``rollout_devices`` processor-sharing servers (``RolloutModel``;
 a new batch goes to the device with the fewest sequences in flight); the core's
-``trainers`` train slots each take ``LatencyModels.train_s``; publish and env
-are fixed delays. The simulator writes the same phase records and step records
+``trainers`` train slots each take ``LatencyModels.train_s``; publish is a fixed
+delay, and a task's env (tool-call) time a fixed delay after its batch's
+generation, off the server. The simulator writes the same phase records and step records
 a real run does, so the bench's metrics apply to it unchanged.
 """
 
@@ -40,6 +41,7 @@ class SimTask:
     max_new_tokens: int | None = None
     kv_bytes: int = 0
     priority: int = 0
+    env_s: float | None = None  # tool-call time per batch; None = the models'
 
 
 class Device:
@@ -216,9 +218,11 @@ def simulate(
         now = t_next
         for d in devices:
             for task in d.pop_done():
-                timer(now + models.env_s, "rolled", task, version[task])
-                if models.env_s > 0:
-                    event(task, version[task], "env", now, now + models.env_s)
+                env = spec[task].env_s
+                env = models.env_of(task) if env is None else env
+                timer(now + env, "rolled", task, version[task])
+                if env > 0:
+                    event(task, version[task], "env", now, now + env)
         while timers and timers[0][0] <= now + EPS:
             _, _, kind, task, v = heapq.heappop(timers)
             if kind == "serve":
