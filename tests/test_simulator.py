@@ -382,6 +382,57 @@ def test_env_time_is_fitted_per_task_from_the_tool_calls(tmp_path):
     assert extra == pytest.approx(16.0, abs=0.1)
 
 
+def test_a_train_step_slows_while_sequences_generate():
+    """train_contention 1: a step runs at half speed while another task's
+    sequences generate. a (4 s rollout) trains from 4 s while b generates until
+    8 s: 2 of its 3 alone-seconds take 4 s, the last one 1 s."""
+    m = fixed()
+    m.rollout.ref_max_new_tokens = 32
+    m.train_contention = 1.0
+    tasks = [SimTask("a", 1, 4, 32), SimTask("b", 1, 4, 64)]
+    r = simulate(tasks, m, "async")
+    trains = {
+        e["task"]: (e["start"], e["end"]) for e in r.events if e["phase"] == "train"
+    }
+    assert trains == {"a": pytest.approx((4.0, 9.0)), "b": pytest.approx((9.0, 12.0))}
+    m.train_contention = 0.0
+    plain = simulate(tasks, m, "async")
+    trains = {e["task"]: e["end"] for e in plain.events if e["phase"] == "train"}
+    assert trains == pytest.approx({"a": 7.0, "b": 11.0})
+
+
+def test_per_task_latencies_and_train_contention_are_fitted(tmp_path):
+    """A bench whose m_0 needs twice the shared work per sequence, whose m_1
+    trains for 15 s instead of 9, and whose train steps run 1.5x slower while
+    sequences generate: the async runs alone recover all three, and the sync
+    and sequential runs (no step overlaps generation there) are predicted."""
+    from areal_marlaas.sim.project import format_models, simulate_bench
+
+    def truth(mode):
+        m = _truth()
+        # No request overhead: the rollout records are then the generation
+        # itself (with one, the fit counts it as generating and reads less
+        # contention than there is).
+        m.rollout.overhead_s = 0.0
+        m.rollout.work_by_task = {"m_0": 1.2}
+        m.train_by_task = {"m_1": 15.0}
+        m.train_contention = 0.5
+        return m
+
+    write_bench(tmp_path, truth)
+    out = simulate_bench(tmp_path, [2], fit_modes=["async"])
+    fitted = LatencyModels.from_dict(out["models"]["disaggregated"])
+    assert fitted.train_contention == pytest.approx(0.5, abs=0.05)
+    assert fitted.train_by_task["m_1"] == pytest.approx(15.0, rel=0.03)
+    assert fitted.train_by_task["m_0"] == pytest.approx(9.0, rel=0.03)
+    # Work trades off against beta in the fit; the tasks' ratio is what shows.
+    ratio = fitted.rollout.work_of(32, "m_0") / fitted.rollout.work_of(32, "m_2")
+    assert ratio == pytest.approx(2.0, rel=0.1)
+    for row in out["validation"]:
+        assert abs(row["error_pct"]) < 3.0, row
+    assert "x1.50 while sequences generate" in format_models({"d": fitted})
+
+
 @pytest.mark.parametrize("other_train_s", [9.0, 14.0])
 def test_another_benchs_tenant_count_is_predicted_out_of_sample(
     tmp_path, other_train_s

@@ -12,6 +12,17 @@ sequences alone thus takes ``overhead + work * s / min(s, M) ** beta``.
 Train: ``intercept + per_seq * sequences`` (train + adapter save + commit).
 Publish: a constant (its mean).
 
+Per task and contention: a task the fit saw at several concurrency levels gets
+its own work per sequence, and every task the fit saw its own train step time
+(a mix of tasks differs in more than ``max_new_tokens``: answer lengths,
+multi-turn episodes, sequence lengths); others get the shared models above. A
+train step runs ``1 + train_contention`` times slower while sequences generate
+(the server's cores and the trainer's share caches and memory bandwidth),
+fitted from how much of each step overlapped generation (0 when the fit runs
+show no spread in it). The same effect on generation is not fitted: in runs of
+one mode it is confounded with the batching gain (tried on the committed
+benches: it traded beta for contention and missed sequential runs by 26%).
+
 Env (tool calls, e.g. the search agent's searches): per task, the time a batch
 spends with at least one episode waiting on a tool (the union of the batch's
 tool-call intervals), averaged over the task's batches. It is taken out of the
@@ -39,6 +50,7 @@ class RolloutModel:
     max_seqs: int | None = None
     ref_max_new_tokens: int | None = None
     beta_fitted: bool = False
+    work_by_task: dict[str, float] = field(default_factory=dict)
 
     def rate_per_seq(self, n: float) -> float:
         if n <= 0:
@@ -46,7 +58,9 @@ class RolloutModel:
         cap = n if self.max_seqs is None else min(n, self.max_seqs)
         return cap**self.beta / n
 
-    def work_of(self, max_new_tokens: int | None) -> float:
+    def work_of(self, max_new_tokens: int | None, task: str | None = None) -> float:
+        if task in self.work_by_task:
+            return self.work_by_task[task]
         if max_new_tokens and self.ref_max_new_tokens:
             return self.work_s * max_new_tokens / self.ref_max_new_tokens
         return self.work_s
@@ -64,9 +78,14 @@ class LatencyModels:
     publish_s: float = 0.0
     env_s: float = 0.0  # tasks the fit has no env time for
     env_by_task: dict[str, float] = field(default_factory=dict)
+    train_by_task: dict[str, float] = field(default_factory=dict)  # alone
+    train_contention: float = 0.0  # a step slows by 1 + this while seqs generate
     fit: dict[str, Any] = field(default_factory=dict)  # diagnostics
 
-    def train_s(self, seqs: int) -> float:
+    def train_s(self, seqs: int, task: str | None = None) -> float:
+        """A step's train time with the server idle."""
+        if task in self.train_by_task:
+            return self.train_by_task[task]
         return self.train_intercept_s + self.train_per_seq_s * seqs
 
     def env_of(self, task: str) -> float:
@@ -162,15 +181,53 @@ def _g(n: float, beta: float, cap: int | None) -> float:
     return n / (n if cap is None else min(n, cap)) ** beta
 
 
+def _generating_shares(
+    events: list[dict[str, Any]], env: dict[tuple[str, int], Segments]
+) -> list[float]:
+    """Per train step (in record order), the share of it during which sequences
+    generated on the server."""
+    records = phase_records(events)
+    generating = merge(
+        [
+            seg
+            for r in records
+            if r["phase"] == "rollout"
+            for seg in generation(r, env.get((r["task"], r["version"]), []))
+        ]
+    )
+    return [
+        _overlap([(t["start"], t["end"])], generating) / (t["end"] - t["start"])
+        if t["end"] > t["start"]
+        else 0.0
+        for t in records
+        if t["phase"] == "train"
+    ]
+
+
+def _contentions(shares: list[float]) -> list[float]:
+    """The contention factors worth trying: none unless the shares spread."""
+    if not shares or max(shares) - min(shares) < 0.2:
+        return [0.0]
+    return [i / 20 for i in range(41)]  # 0 .. 2
+
+
+def _per_task_mean(values, idx, count):
+    import numpy as np
+
+    return (values @ np.eye(len(count))[idx]) / count
+
+
 def fit_rollout(
     runs: list[RunLog],
     max_seqs: int | None = None,
     default_beta: float = DEFAULT_BETA,
 ) -> tuple[RolloutModel, dict[str, Any]]:
-    """Least squares over a (beta, overhead) grid, the work in closed form in log
-    space; beta is kept at ``default_beta`` when the runs show too little spread
-    in concurrency to tell it."""
-    xs: list[tuple[float, float, float]] = []  # (n, duration, token scale)
+    """Least squares over a (beta, overhead) grid, the work (each task's or the
+    shared one) in closed form in log space; beta is kept at ``default_beta``
+    when the runs show too little spread in concurrency to tell it."""
+    import numpy as np
+
+    rows: list[tuple[str, float, float, float]] = []  # task, n, duration, scale
     mnts = [m for r in runs for m in r.max_new_tokens.values() if m]
     ref = statistics.median(mnts) if mnts else None
     for run in runs:
@@ -179,42 +236,93 @@ def fit_rollout(
         for e, n in zip(rolls, mean_concurrency(rolls, run.seqs, env)):
             scale = (run.max_new_tokens.get(e["task"]) or ref or 1) / (ref or 1)
             gen = _length(generation(e, env.get((e["task"], e["version"]), [])))
-            xs.append((n, max(gen, 1e-3), scale))
-    if not xs:
+            rows.append((e["task"], n, max(gen, 1e-3), scale))
+    if not rows:
         raise ValueError("no rollout records to fit")
-    ns = [n for n, _, _ in xs]
-    identifiable = max(ns) / min(ns) >= 1.2
+    n, d, scale = (np.array([r[i] for r in rows]) for i in range(1, 4))
+    # A task seen at several concurrency levels gets its own work; the others
+    # share one (scaled by max_new_tokens), so that their work cannot absorb
+    # what concurrency does.
+    levels: dict[str, list[float]] = {}
+    for r in rows:
+        levels.setdefault(r[0], []).append(r[1])
+    own = sorted(t for t, ns in levels.items() if max(ns) / min(ns) >= 1.2)
+    groups = [*own, "*"]
+    idx = np.array([groups.index(r[0]) if r[0] in own else len(own) for r in rows])
+    count = np.maximum(np.bincount(idx, minlength=len(groups)), 1).astype(float)
+    identifiable = n.max() / n.min() >= 1.2
     betas = [i / 100 for i in range(101)] if identifiable else [default_beta]
-    d_min = min(d for _, d, _ in xs)
-    overheads = [d_min * i / 40 for i in range(0, 36)]
+    overheads = np.array([d.min() * i / 40 for i in range(0, 36)])
+    logd = np.log(np.maximum(d[None, :] - overheads[:, None], 1e-9))
+    cap = n if max_seqs is None else np.minimum(n, max_seqs)
     best = None
     for beta in betas:
-        for o in overheads:
-            logs = [
-                math.log(max(d - o, 1e-9)) - math.log(_g(n, beta, max_seqs) * s)
-                for n, d, s in xs
-            ]
-            work = math.exp(statistics.fmean(logs))
-            sse = sum(
-                (d - (o + work * s * _g(n, beta, max_seqs))) ** 2 for n, d, s in xs
-            )
-            if best is None or sse < best[0] - 1e-12:
-                best = (sse, beta, o, work)
-    sse, beta, o, work = best
+        g = n / cap**beta
+        f = g * scale
+        logw = _per_task_mean(logd - np.log(f)[None, :], idx, count)
+        pred = overheads[:, None] + np.exp(logw)[:, idx] * f[None, :]
+        sse = ((d[None, :] - pred) ** 2).sum(axis=1)
+        k = int(sse.argmin())
+        if best is None or sse[k] < best[0] - 1e-12:
+            best = (float(sse[k]), beta, float(overheads[k]), logw[k], f)
+    sse, beta, o, logw, f = best
+    # The shared work (per sequence at ref_max_new_tokens), for the tasks
+    # without their own: the shared group's, or every rollout's when none is.
+    shared = idx == len(own)
+    pick = shared if shared.any() else np.ones_like(shared)
+    work = math.exp(
+        float(np.mean(np.log(np.maximum(d - o, 1e-9))[pick] - np.log(f)[pick]))
+    )
+    task_scale = {r[0]: r[3] for r in rows}
     model = RolloutModel(
         work_s=work,
         beta=beta,
         overhead_s=o,
         max_seqs=max_seqs,
         ref_max_new_tokens=int(ref) if ref else None,
-        beta_fitted=identifiable,
+        beta_fitted=bool(identifiable),
+        work_by_task={
+            t: math.exp(float(logw[i])) * task_scale[t] for i, t in enumerate(own)
+        },
     )
-    rmse = math.sqrt(sse / len(xs))
+    rmse = math.sqrt(sse / len(rows))
     return model, {
-        "rollouts": len(xs),
-        "concurrency_range": [min(ns), max(ns)],
+        "rollouts": len(rows),
+        "concurrency_range": [float(n.min()), float(n.max())],
         "rmse_s": rmse,
     }
+
+
+def _fit_train(
+    rows: list[tuple[str, int, float, float]],
+) -> tuple[dict[str, float], float, float, float, float]:
+    """(task, sequences, duration, share generating) -> each task's step time
+    alone, the contention factor, the alone line's intercept and slope, rmse.
+    A step that spent share ``s`` of its ``d`` seconds beside generation at
+    ``1 / (1 + c)`` speed did ``d * (1 - s * c / (1 + c))`` seconds of work."""
+
+    def work(d: float, share: float, c: float) -> float:
+        return d * (1 - share * c / (1 + c))
+
+    best = None
+    for c in _contentions([r[3] for r in rows]):
+        alone: dict[str, list[float]] = {}
+        for task, _, d, share in rows:
+            alone.setdefault(task, []).append(work(d, share, c))
+        means = {t: statistics.fmean(v) for t, v in alone.items()}
+        sse = sum((d - means[t] / (1 - sh * c / (1 + c))) ** 2 for t, _, d, sh in rows)
+        if best is None or sse < best[0] - 1e-12:
+            best = (sse, c, means)
+    sse, c, means = best
+    s = [x for _, x, _, _ in rows]
+    y = [work(d, sh, c) for _, _, d, sh in rows]
+    if len(set(s)) > 1:
+        slope, intercept = statistics.linear_regression(s, y)
+        slope = max(slope, 0.0)
+        intercept = statistics.fmean(y) - slope * statistics.fmean(s)
+    else:
+        slope, intercept = 0.0, statistics.fmean(y)
+    return means, c, intercept, slope, math.sqrt(sse / len(rows))
 
 
 def fit_models(
@@ -223,15 +331,16 @@ def fit_models(
     default_beta: float = DEFAULT_BETA,
 ) -> LatencyModels:
     rollout, diag = fit_rollout(runs, max_seqs, default_beta)
-    trains: list[tuple[int, float]] = []
+    trains: list[tuple[str, int, float, float]] = []
     publishes: list[float] = []
     envs: dict[str, list[float]] = {}
     for run in runs:
         env = batch_env(run.events)
+        train_shares = iter(_generating_shares(run.events, env))
         for e in phase_records(run.events):
             d = e["end"] - e["start"]
             if e["phase"] == "train":
-                trains.append((run.seqs[e["task"]], d))
+                trains.append((e["task"], run.seqs[e["task"]], d, next(train_shares)))
             elif e["phase"] == "publish":
                 publishes.append(d)
             elif e["phase"] == "rollout":
@@ -240,23 +349,16 @@ def fit_models(
                 envs.setdefault(e["task"], []).append(_length(env.get(key, [])))
     if not trains:
         raise ValueError("no train records to fit")
-    s = [x for x, _ in trains]
-    d = [y for _, y in trains]
-    if len(set(s)) > 1:
-        slope, intercept = statistics.linear_regression(s, d)
-        slope = max(slope, 0.0)
-        intercept = statistics.fmean(d) - slope * statistics.fmean(s)
-    else:
-        slope, intercept = 0.0, statistics.fmean(d)
+    by_task, contention, intercept, slope, rmse = _fit_train(trains)
     diag["trains"] = len(trains)
-    diag["train_rmse_s"] = math.sqrt(
-        statistics.fmean((y - intercept - slope * x) ** 2 for x, y in trains)
-    )
+    diag["train_rmse_s"] = rmse
     return LatencyModels(
         rollout=rollout,
         train_intercept_s=intercept,
         train_per_seq_s=slope,
         publish_s=statistics.fmean(publishes) if publishes else 0.0,
         env_by_task={t: statistics.fmean(v) for t, v in envs.items() if any(v)},
+        train_by_task=by_task,
+        train_contention=contention,
         fit=diag,
     )

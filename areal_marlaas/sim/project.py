@@ -170,6 +170,7 @@ def project(
                 t["batch_size"] * t["n_samples"],
                 t.get("max_new_tokens"),
                 t.get("kv_bytes", 0),
+                profile=t["name"],  # the template's fitted latencies
             )
             for i in range(n)
         ]
@@ -178,8 +179,6 @@ def project(
             m = models.get(placement) or models.get("disaggregated")
             if m is None:
                 continue
-            for task in tasks:
-                task.env_s = m.env_of(t["name"])
             sim = simulate(
                 tasks,
                 m,
@@ -270,11 +269,23 @@ def format_models(models: dict[str, LatencyModels]) -> str:
             )
             + ", overhead "
             f"{r.overhead_s:.2f}s, fit rmse {m.fit.get('rmse_s', 0):.2f}s; train "
-            f"{m.train_intercept_s:.2f}s + {m.train_per_seq_s:.3f}s/seq; publish "
+            f"{m.train_intercept_s:.2f}s + {m.train_per_seq_s:.3f}s/seq alone, "
+            f"x{1 + m.train_contention:.2f} while sequences generate; publish "
             f"{m.publish_s:.2f}s; env "
             + (", ".join(f"{t} {v:.2f}s" for t, v in m.env_by_task.items()) or "none")
             + " per batch"
         )
+        if r.work_by_task or m.train_by_task:
+            lines.append(
+                "  per task (work s/seq, train s alone): "
+                + ", ".join(
+                    f"{t} "
+                    + (f"{r.work_by_task[t]:.3f}" if t in r.work_by_task else "shared")
+                    + " / "
+                    + (f"{m.train_by_task[t]:.1f}" if t in m.train_by_task else "line")
+                    for t in sorted(set(r.work_by_task) | set(m.train_by_task))
+                )
+            )
     return "\n".join(lines)
 
 

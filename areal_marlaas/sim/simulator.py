@@ -42,6 +42,11 @@ class SimTask:
     kv_bytes: int = 0
     priority: int = 0
     env_s: float | None = None  # tool-call time per batch; None = the models'
+    profile: str | None = None  # the fitted task whose latencies it has (None: own)
+
+    @property
+    def fitted(self) -> str:
+        return self.profile or self.name
 
 
 class Device:
@@ -162,6 +167,7 @@ def simulate(
     publish_start: dict[str, float] = {}
     version: dict[str, int] = {}
     ready_at: dict[str, float] = {t.name: 0.0 for t in tasks}
+    training: dict[str, list] = {}  # task -> [alone-seconds left, its new version]
 
     def timer(at: float, kind: str, task: str, v: int) -> None:
         heapq.heappush(timers, (at, next(order), kind, task, v))
@@ -183,12 +189,8 @@ def simulate(
             elif isinstance(a, StartTrain):
                 train_start[a.task] = now
                 event(a.task, a.version, "queue", rollout_end[a.task], now)
-                timer(
-                    now + models.train_s(spec[a.task].seqs),
-                    "trained",
-                    a.task,
-                    a.version + 1,
-                )
+                s = spec[a.task]
+                training[a.task] = [models.train_s(s.seqs, s.fitted), a.version + 1]
             elif isinstance(a, StartPublish):
                 publish_start[a.task] = now
                 timer(now + models.publish_s, "published", a.task, a.version)
@@ -204,10 +206,26 @@ def simulate(
                 Submitted(t.name, t.steps, kv_bytes=t.kv_bytes, priority=t.priority)
             )
         )
+
+    def trained(task: str, v: int) -> None:
+        event(task, v - 1, "train", train_start[task], now)
+        result.steps.append(
+            {
+                "task": task,
+                "version": v,
+                "t_commit": now,
+                "n_trajectories": spec[task].seqs,
+            }
+        )
+        dispatch(core.handle(TrainDone(task, v)))
+
+    slow_train = 1 / (1 + models.train_contention)
     while unfinished > 0:
+        train_speed = slow_train if any(d.seqs for d in devices) else 1.0
         t_timer = timers[0][0] if timers else float("inf")
         dt_dev = min((d.next_done() for d in devices), default=float("inf"))
-        t_next = min(t_timer, now + dt_dev)
+        dt_train = min((w for w, _ in training.values()), default=float("inf"))
+        t_next = min(t_timer, now + dt_dev, now + dt_train / train_speed)
         if t_next == float("inf"):
             raise RuntimeError(
                 "simulation stalled: nothing in flight but tasks unfinished "
@@ -215,11 +233,15 @@ def simulate(
             )
         for d in devices:
             d.advance(t_next - now)
+        for job in training.values():
+            job[0] -= (t_next - now) * train_speed
         now = t_next
+        for task in [t for t, (w, _) in training.items() if w <= EPS]:
+            trained(task, training.pop(task)[1])
         for d in devices:
             for task in d.pop_done():
                 env = spec[task].env_s
-                env = models.env_of(task) if env is None else env
+                env = models.env_of(spec[task].fitted) if env is None else env
                 timer(now + env, "rolled", task, version[task])
                 if env > 0:
                     event(task, version[task], "env", now, now + env)
@@ -228,22 +250,13 @@ def simulate(
             if kind == "serve":
                 dev = min(devices, key=lambda d: d.seqs)
                 s = spec[task]
-                dev.add(task, s.seqs, models.rollout.work_of(s.max_new_tokens))
+                dev.add(
+                    task, s.seqs, models.rollout.work_of(s.max_new_tokens, s.fitted)
+                )
             elif kind == "rolled":
                 rollout_end[task] = now
                 event(task, v, "rollout", rollout_start[task], now)
                 dispatch(core.handle(RolloutDone(task, v)))
-            elif kind == "trained":
-                event(task, v - 1, "train", train_start[task], now)
-                result.steps.append(
-                    {
-                        "task": task,
-                        "version": v,
-                        "t_commit": now,
-                        "n_trajectories": spec[task].seqs,
-                    }
-                )
-                dispatch(core.handle(TrainDone(task, v)))
             elif kind == "published":
                 event(task, v, "publish", publish_start[task], now)
                 ready_at[task] = now
