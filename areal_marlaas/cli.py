@@ -325,6 +325,14 @@ def _simulate(args: argparse.Namespace) -> int:
             print(f"--fit-modes: unknown {unknown}; choose from {list(MODES)}")
             return 2
     try:
+        env_s = [float(x) for x in args.env_s.split(",") if x.strip()]
+    except ValueError:
+        print(f"--env-s: expected seconds, e.g. 10,60, got {args.env_s!r}")
+        return 2
+    if any(e < 0 for e in env_s):
+        print(f"--env-s: seconds must be >= 0, got {args.env_s!r}")
+        return 2
+    try:
         out = simulate_bench(
             args.bench,
             tenants,
@@ -334,6 +342,8 @@ def _simulate(args: argparse.Namespace) -> int:
             args.steps,
             fit_modes,
             args.predict,
+            mix=args.mix,
+            env_s=env_s or None,
         )
     except (FileNotFoundError, ValueError) as e:
         print(f"marlaas simulate: error: {e}", file=sys.stderr)
@@ -446,6 +456,18 @@ def main(argv: list[str] | None = None) -> int:
         metavar="OTHER_BENCH",
         help="Also predict the runs of another bench (e.g. another tenant count "
         "or step count) from this bench's fit: all out of sample (repeatable)",
+    )
+    p.add_argument(
+        "--mix",
+        action="store_true",
+        help="Project replicas of the bench's whole task mix (tenant i takes "
+        "task i mod mix size) instead of its first task",
+    )
+    p.add_argument(
+        "--env-s",
+        default="",
+        help="Sweep every projected task's tool-call seconds per batch, e.g. "
+        "10,60 (default: each task's fitted time)",
     )
     p.add_argument("--out", default=None, help="JSON (default: <bench>/sim.json)")
     p.set_defaults(fn=_simulate)

@@ -4,10 +4,12 @@ admission limits."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
+from areal_marlaas.scheduler.core import MODES
 from areal_marlaas.sim.models import (
     LatencyModels,
     RolloutModel,
@@ -485,3 +487,39 @@ def test_memoized_core_decides_like_the_plain_core(mode):
         assert fast.events == plain.events
         assert fast.steps == plain.steps
         assert fast.holds == plain.holds
+
+
+def test_cli_projects_the_mix_over_a_sweep_of_tool_call_times(tmp_path, capsys):
+    """`marlaas simulate --mix --env-s 0,30`: tenants replicate the bench's whole
+    mix with each template's own latencies, and every batch's tool calls add
+    the swept time: sequential, 4 tenants x 2 steps, is 8 x 30 s longer."""
+    from areal_marlaas.cli import main
+
+    def truth(mode):
+        m = _truth()
+        m.train_by_task = {"m_1": 15.0}
+        return m
+
+    write_bench(tmp_path, truth)
+    argv = ["simulate", str(tmp_path), "--fit-modes", "async", "--tenants", "4"]
+    assert main([*argv, "--mix", "--env-s", "0,30"]) == 0
+    out = json.loads((tmp_path / "sim.json").read_text())
+    assert out["replicates"] == ["m_0", "m_1", "m_2", "m_3"]
+    wall = {(r["mode"], r["env_s"]): r for r in out["projection"]}
+    assert set(wall) == {(m, e) for m in MODES for e in (0.0, 30.0)}
+    seq0, seq30 = wall[("sequential", 0.0)], wall[("sequential", 30.0)]
+    assert seq30["wall_s"] - seq0["wall_s"] == pytest.approx(8 * 30.0, abs=0.1)
+    assert seq0["vs_sequential"] == 1.0
+    assert (
+        wall[("async", 30.0)]["vs_sequential"] > wall[("async", 0.0)]["vs_sequential"]
+    )
+    assert "| 4 | sequential | 30 |" in (tmp_path / "sim.md").read_text()
+    # t1 replicates m_1 (15 s steps): the mix is longer than 4 copies of m_0.
+    assert main([*argv, "--env-s", "0"]) == 0
+    first = json.loads((tmp_path / "sim.json").read_text())
+    assert first["replicates"] == ["m_0"]
+    seq_first = next(r for r in first["projection"] if r["mode"] == "sequential")
+    assert seq0["wall_s"] - seq_first["wall_s"] == pytest.approx(2 * 6.0, abs=0.5)
+    capsys.readouterr()
+    assert main([*argv, "--env-s", "ten"]) == 2
+    assert "--env-s: expected seconds" in capsys.readouterr().out

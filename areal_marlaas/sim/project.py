@@ -139,11 +139,13 @@ def validate(
     return rows
 
 
-def template_task(result: dict[str, Any]) -> dict[str, Any]:
+def template_tasks(result: dict[str, Any], mix: bool = False) -> list[dict[str, Any]]:
+    """The tasks a projection replicates: the bench's first task, or with
+    ``mix`` every task of its first run (the mix)."""
     runs = [r for r in result["runs"] if r.get("tasks")]
     if not runs:
         raise ValueError("bench.json has no run with tasks")
-    return runs[0]["tasks"][0]
+    return list(runs[0]["tasks"]) if mix else [runs[0]["tasks"][0]]
 
 
 def project(
@@ -155,52 +157,65 @@ def project(
     kv_budget_per_device: int | None = None,
     steps: int | None = None,
     modes: tuple[str, ...] = MODES,
+    mix: bool = False,
+    env_s: list[float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Replicas of the bench's first task on the modelled cluster. ``collocated``
-    uses the collocated fit (rollout and training sharing the devices, one task
-    at a time); the others the disaggregated fit."""
-    t = template_task(result)
+    """Replicas of the bench's first task (``mix``: tenant ``i`` replicates the
+    mix's task ``i mod len(mix)``) on the modelled cluster, each with its
+    template's fitted latencies; ``env_s`` sweeps every task's tool-call time
+    per batch (default: the fitted ones). ``collocated`` uses the collocated fit
+    (rollout and training sharing the devices, one task at a time); the others
+    the disaggregated fit."""
+    templates = template_tasks(result, mix)
     budget = kv_budget_per_device * rollout_devices if kv_budget_per_device else None
     rows = []
     for n in tenants:
-        tasks = [
-            SimTask(
-                f"t{i}",
-                steps or t["total_steps"],
-                t["batch_size"] * t["n_samples"],
-                t.get("max_new_tokens"),
-                t.get("kv_bytes", 0),
-                profile=t["name"],  # the template's fitted latencies
-            )
-            for i in range(n)
-        ]
-        for mode in modes:
-            placement = "collocated" if mode == "collocated" else "disaggregated"
-            m = models.get(placement) or models.get("disaggregated")
-            if m is None:
-                continue
-            sim = simulate(
-                tasks,
-                m,
-                mode,
-                rollout_devices=rollout_devices,
-                trainers=train_devices,
-                kv_budget=budget,
-            )
-            met = sim.metrics()
-            rows.append(
-                {
-                    "tenants": n,
-                    "mode": mode,
-                    "wall_s": sim.wall_s,
-                    "train_steps_per_hour": sim.train_steps_per_hour,
-                    "ttfs_p50_s": met.get("ttfs_p50_s"),
-                    "ttfs_max_s": met.get("ttfs_max_s"),
-                    "tpts_p50_s": met.get("tpts_p50_s"),
-                    "train_busy": met.get("train_busy_events"),
-                    "admission_holds": sim.holds,
-                }
-            )
+        for env in env_s or [None]:
+            tasks = [
+                SimTask(
+                    f"t{i}",
+                    steps or t["total_steps"],
+                    t["batch_size"] * t["n_samples"],
+                    t.get("max_new_tokens"),
+                    t.get("kv_bytes", 0),
+                    env_s=env,
+                    profile=t["name"],  # the template's fitted latencies
+                )
+                for i, t in ((i, templates[i % len(templates)]) for i in range(n))
+            ]
+            group = []
+            for mode in modes:
+                placement = "collocated" if mode == "collocated" else "disaggregated"
+                m = models.get(placement) or models.get("disaggregated")
+                if m is None:
+                    continue
+                sim = simulate(
+                    tasks,
+                    m,
+                    mode,
+                    rollout_devices=rollout_devices,
+                    trainers=train_devices,
+                    kv_budget=budget,
+                )
+                met = sim.metrics()
+                group.append(
+                    {
+                        "tenants": n,
+                        "mode": mode,
+                        "env_s": env,
+                        "wall_s": sim.wall_s,
+                        "train_steps_per_hour": sim.train_steps_per_hour,
+                        "ttfs_p50_s": met.get("ttfs_p50_s"),
+                        "ttfs_max_s": met.get("ttfs_max_s"),
+                        "tpts_p50_s": met.get("tpts_p50_s"),
+                        "train_busy": met.get("train_busy_events"),
+                        "admission_holds": sim.holds,
+                    }
+                )
+            seq = next((r["wall_s"] for r in group if r["mode"] == "sequential"), None)
+            for r in group:
+                r["vs_sequential"] = seq / r["wall_s"] if seq else None
+            rows += group
     return rows
 
 
@@ -235,19 +250,24 @@ def format_validation(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines + error_summary(rows))
 
 
+def _env(r: dict[str, Any]) -> str:
+    return "fitted" if r.get("env_s") is None else f"{r['env_s']:g}"
+
+
 def format_projection(rows: list[dict[str, Any]]) -> str:
     lines = [
-        f"{'tenants':>7} {'mode':<11} {'wall_s':>10} {'steps/h':>10} "
-        f"{'TTFS p50':>9} {'TPTS p50':>9} {'holds':>6}"
+        f"{'tenants':>7} {'mode':<11} {'env s':>6} {'wall_s':>10} {'steps/h':>10} "
+        f"{'vs seq':>7} {'TTFS p50':>9} {'TPTS p50':>9} {'holds':>6}"
     ]
 
-    def f(v):
-        return f"{v:.1f}" if v is not None else "-"
+    def f(v, unit=""):
+        return f"{v:.1f}{unit}" if v is not None else "-"
 
     for r in rows:
         lines.append(
-            f"{r['tenants']:>7} {r['mode']:<11} {r['wall_s']:>10.1f} "
-            f"{r['train_steps_per_hour']:>10.1f} {f(r['ttfs_p50_s']):>9} "
+            f"{r['tenants']:>7} {r['mode']:<11} {_env(r):>6} {r['wall_s']:>10.1f} "
+            f"{r['train_steps_per_hour']:>10.1f} "
+            f"{f(r.get('vs_sequential'), 'x'):>7} {f(r['ttfs_p50_s']):>9} "
             f"{f(r['tpts_p50_s']):>9} {r['admission_holds']:>6}"
         )
     return "\n".join(lines)
@@ -298,6 +318,8 @@ def simulate_bench(
     steps: int | None = None,
     fit_modes: list[str] | None = None,
     predict: list[str | Path] | None = None,
+    mix: bool = False,
+    env_s: list[float] | None = None,
 ) -> dict[str, Any]:
     """Fit on the bench at ``path`` (its ``fit_modes`` runs), check against its
     runs and, out of sample, against the runs of the ``predict`` benches."""
@@ -321,6 +343,8 @@ def simulate_bench(
         train_devices,
         kv_budget_per_device,
         steps,
+        mix=mix,
+        env_s=env_s,
     )
     return {
         "bench": str(root),
@@ -328,6 +352,7 @@ def simulate_bench(
         "fit_modes": fit_modes,
         "predicted_benches": [str(load_bench(o)[1]) for o in predict or []],
         "validation": rows,
+        "replicates": [t["name"] for t in template_tasks(result, mix)],
         "cluster": {
             "rollout_devices": rollout_devices,
             "train_devices": train_devices,
@@ -378,19 +403,22 @@ def format_sim_markdown(out: dict[str, Any]) -> str:
         f"## Projection: {c['rollout_devices']} rollout device(s), "
         f"{c['train_devices']} train device(s), KV budget "
         + (f"{kv / 2**30:.1f} GiB" if kv else "unlimited")
-        + " per rollout device",
+        + " per rollout device; tenants replicate "
+        + ", ".join(f"`{t}`" for t in out.get("replicates", []))
+        + " in turn, each with its template's fitted latencies",
         "",
-        "| tenants | mode | wall s | steps/h | TTFS p50 s | TPTS p50 s | holds |",
-        "|---|---|---|---|---|---|---|",
+        "| tenants | mode | env s per batch | wall s | steps/h | vs sequential "
+        "| TTFS p50 s | TPTS p50 s | holds |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def f(v):
-        return "-" if v is None else f"{v:.1f}"
+    def f(v, unit=""):
+        return "-" if v is None else f"{v:.1f}{unit}"
 
     for r in out["projection"]:
         lines.append(
-            f"| {r['tenants']} | {r['mode']} | {r['wall_s']:.1f} | "
-            f"{r['train_steps_per_hour']:.1f} | {f(r['ttfs_p50_s'])} | "
-            f"{f(r['tpts_p50_s'])} | {r['admission_holds']} |"
+            f"| {r['tenants']} | {r['mode']} | {_env(r)} | {r['wall_s']:.1f} | "
+            f"{r['train_steps_per_hour']:.1f} | {f(r.get('vs_sequential'), 'x')} | "
+            f"{f(r['ttfs_p50_s'])} | {f(r['tpts_p50_s'])} | {r['admission_holds']} |"
         )
     return "\n".join(lines) + "\n"
