@@ -247,11 +247,11 @@ RUNS = [
 ]
 
 
-def write_bench(root, truth_of, plan=RUNS, steps: int = 2, overrides=None) -> None:
+def write_bench(
+    root, truth_of, plan=RUNS, steps: int = 2, overrides=None, bench=None
+) -> None:
     """A bench folder whose runs are the simulator's own output under known
-    models (``truth_of(mode)``)."""
-    import json
-
+    models (``truth_of(mode)``); ``bench``: its bench config (e.g. replicas)."""
     runs = []
     for label, mode, n in plan:
         tasks = [SimTask(f"m_{i}", steps, 16, 32) for i in range(n)]
@@ -283,7 +283,14 @@ def write_bench(root, truth_of, plan=RUNS, steps: int = 2, overrides=None) -> No
             }
         )
     (root / "bench.json").write_text(
-        json.dumps({"runs": runs, "kv_capacity_bytes": 250, "max_num_seqs": 128})
+        json.dumps(
+            {
+                "runs": runs,
+                "kv_capacity_bytes": 250,
+                "max_num_seqs": 128,
+                **({"bench": bench} if bench else {}),
+            }
+        )
     )
 
 
@@ -433,6 +440,31 @@ def test_per_task_latencies_and_train_contention_are_fitted(tmp_path):
     for row in out["validation"]:
         assert abs(row["error_pct"]) < 3.0, row
     assert "x1.50 while sequences generate" in format_models({"d": fitted})
+
+
+def test_replicas_of_one_task_are_fitted_as_one_profile(tmp_path):
+    """A bench of replicas (bench.task m, names m_0..m_3) whose m_0 happened to
+    train slower: the fit pools the replicas into one profile (10.5 s), so a
+    projection of N replicas costs what the bench's own runs do, not N times
+    m_0's outlier."""
+    from areal_marlaas.sim.project import simulate_bench
+
+    def truth(mode):
+        m = _truth()
+        m.train_by_task = {"m_0": 15.0}
+        return m
+
+    plan = [(mode, mode, 4) for mode in ("async", "sync", "sequential")]
+    write_bench(tmp_path, truth, plan, bench={"task": "m", "replicas": 4})
+    out = simulate_bench(tmp_path, [4], fit_modes=["async"])
+    fitted = LatencyModels.from_dict(out["models"]["disaggregated"])
+    assert fitted.train_by_task == pytest.approx({"m": 10.5})
+    measured = next(r for r in out["validation"] if r["label"] == "sequential")
+    projected = next(
+        r for r in out["projection"] if (r["tenants"], r["mode"]) == (4, "sequential")
+    )
+    assert projected["wall_s"] == pytest.approx(measured["simulated_wall_s"])
+    assert projected["wall_s"] == pytest.approx(measured["measured_wall_s"], rel=0.02)
 
 
 @pytest.mark.parametrize("other_train_s", [9.0, 14.0])

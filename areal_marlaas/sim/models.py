@@ -12,8 +12,9 @@ sequences alone thus takes ``overhead + work * s / min(s, M) ** beta``.
 Train: ``intercept + per_seq * sequences`` (train + adapter save + commit).
 Publish: a constant (its mean).
 
-Per task and contention: a task the fit saw at several concurrency levels gets
-its own work per sequence, and every task the fit saw its own train step time
+Per task and contention: a task (its profile: replicas of one task share theirs)
+the fit saw at several concurrency levels gets its own work per sequence, and
+every task the fit saw its own train step time
 (a mix of tasks differs in more than ``max_new_tokens``: answer lengths,
 multi-turn episodes, sequence lengths); others get the shared models above. A
 train step runs ``1 + train_contention`` times slower while sequences generate
@@ -102,11 +103,17 @@ class LatencyModels:
 @dataclass
 class RunLog:
     """What the fit needs of one run: its phase records and, per task, the
-    sequences of one rollout batch and its ``max_new_tokens``."""
+    sequences of one rollout batch, its ``max_new_tokens`` and its profile (the
+    task definition it runs: replicas of one task share one; default its
+    name), which is what per-task latencies are fitted and looked up by."""
 
     events: list[dict[str, Any]]
     seqs: dict[str, int]
     max_new_tokens: dict[str, int] = field(default_factory=dict)
+    profile: dict[str, str] = field(default_factory=dict)
+
+    def profile_of(self, task: str) -> str:
+        return self.profile.get(task, task)
 
 
 Segments = list[tuple[float, float]]
@@ -227,7 +234,7 @@ def fit_rollout(
     when the runs show too little spread in concurrency to tell it."""
     import numpy as np
 
-    rows: list[tuple[str, float, float, float]] = []  # task, n, duration, scale
+    rows: list[tuple[str, float, float, float]] = []  # profile n duration scale
     mnts = [m for r in runs for m in r.max_new_tokens.values() if m]
     ref = statistics.median(mnts) if mnts else None
     for run in runs:
@@ -236,7 +243,7 @@ def fit_rollout(
         for e, n in zip(rolls, mean_concurrency(rolls, run.seqs, env)):
             scale = (run.max_new_tokens.get(e["task"]) or ref or 1) / (ref or 1)
             gen = _length(generation(e, env.get((e["task"], e["version"]), [])))
-            rows.append((e["task"], n, max(gen, 1e-3), scale))
+            rows.append((run.profile_of(e["task"]), n, max(gen, 1e-3), scale))
     if not rows:
         raise ValueError("no rollout records to fit")
     n, d, scale = (np.array([r[i] for r in rows]) for i in range(1, 4))
@@ -340,13 +347,16 @@ def fit_models(
         for e in phase_records(run.events):
             d = e["end"] - e["start"]
             if e["phase"] == "train":
-                trains.append((e["task"], run.seqs[e["task"]], d, next(train_shares)))
+                profile, seqs = run.profile_of(e["task"]), run.seqs[e["task"]]
+                trains.append((profile, seqs, d, next(train_shares)))
             elif e["phase"] == "publish":
                 publishes.append(d)
             elif e["phase"] == "rollout":
                 # Every batch counts, those that made no tool call as 0 s.
                 key = (e["task"], e["version"])
-                envs.setdefault(e["task"], []).append(_length(env.get(key, [])))
+                envs.setdefault(run.profile_of(e["task"]), []).append(
+                    _length(env.get(key, []))
+                )
     if not trains:
         raise ValueError("no train records to fit")
     by_task, contention, intercept, slope, rmse = _fit_train(trains)

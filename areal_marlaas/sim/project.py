@@ -36,7 +36,27 @@ def _ok_runs(result: dict[str, Any], root: Path) -> list[tuple[dict, list, list]
     return out
 
 
-def sim_tasks(run: dict[str, Any]) -> list[SimTask]:
+def profiles(result: dict[str, Any]) -> dict[str, str]:
+    """Task name -> the task definition it runs: a bench of ``replicas`` of
+    ``task`` names them ``<task>_<i>``, all one profile; otherwise each task is
+    its own."""
+    bench = result.get("bench") or {}
+    base, n = bench.get("task"), bench.get("replicas") or 0
+    names = {t["name"] for r in result["runs"] for t in r.get("tasks") or []}
+    if not base or n <= 0:
+        return {}
+    prefix = f"{base}_"
+    return {
+        name: base
+        for name in names
+        if name.startswith(prefix) and name[len(prefix) :].isdigit()
+    }
+
+
+def sim_tasks(
+    run: dict[str, Any], profile: dict[str, str] | None = None
+) -> list[SimTask]:
+    profile = profile or {}
     return [
         SimTask(
             t["name"],
@@ -45,12 +65,18 @@ def sim_tasks(run: dict[str, Any]) -> list[SimTask]:
             t.get("max_new_tokens"),
             t.get("kv_bytes", 0),
             t.get("priority", 0),
+            profile=profile.get(t["name"]),
         )
         for t in run["tasks"]
     ]
 
 
-def run_log(run: dict[str, Any], events: list, steps: list) -> RunLog:
+def run_log(
+    run: dict[str, Any],
+    events: list,
+    steps: list,
+    profile: dict[str, str] | None = None,
+) -> RunLog:
     seqs = {t["name"]: t["batch_size"] * t["n_samples"] for t in run["tasks"]}
     # The sequences that came back (failed requests are dropped) where known.
     got: dict[str, list[int]] = {}
@@ -60,7 +86,10 @@ def run_log(run: dict[str, Any], events: list, steps: list) -> RunLog:
     for task, ns in got.items():
         seqs[task] = round(statistics.fmean(ns))
     return RunLog(
-        events, seqs, {t["name"]: t.get("max_new_tokens") for t in run["tasks"]}
+        events,
+        seqs,
+        {t["name"]: t.get("max_new_tokens") for t in run["tasks"]},
+        dict(profile or {}),
     )
 
 
@@ -73,10 +102,12 @@ def fit_placements(
     """One model set per placement, from its successful runs (of ``fit_modes``
     only, when given: the other modes' runs are then predicted out of sample)."""
     by_placement: dict[str, list[RunLog]] = {}
+    profile = profiles(result)
     for r, events, steps in _ok_runs(result, root):
         if fit_modes is not None and r["mode"] not in fit_modes:
             continue
-        by_placement.setdefault(r["placement"], []).append(run_log(r, events, steps))
+        log = run_log(r, events, steps, profile)
+        by_placement.setdefault(r["placement"], []).append(log)
     models = {p: fit_models(logs, max_seqs) for p, logs in by_placement.items()}
     # Collocated runs are one task at a time: they cannot show batching gains,
     # so they borrow beta from the disaggregated fit when it has one.
@@ -110,11 +141,13 @@ def validate(
     the models were not fitted on, or of ``other_bench`` (a bench the models
     never saw), is out of sample."""
     rows = []
+    profile = profiles(result)
     for r, _, _ in _ok_runs(result, root):
         m = models.get(r["placement"])
         if m is None or _elastic(r):
             continue
-        sim = simulate(sim_tasks(r), m, r["mode"], max_rolling=_max_rolling(r))
+        tasks = sim_tasks(r, profile)
+        sim = simulate(tasks, m, r["mode"], max_rolling=_max_rolling(r))
         measured = r["metrics"]["wall_s"]
         sm = sim.metrics()
         rows.append(
@@ -167,6 +200,7 @@ def project(
     (rollout and training sharing the devices, one task at a time); the others
     the disaggregated fit."""
     templates = template_tasks(result, mix)
+    profile = profiles(result)
     budget = kv_budget_per_device * rollout_devices if kv_budget_per_device else None
     rows = []
     for n in tenants:
@@ -179,7 +213,7 @@ def project(
                     t.get("max_new_tokens"),
                     t.get("kv_bytes", 0),
                     env_s=env,
-                    profile=t["name"],  # the template's fitted latencies
+                    profile=profile.get(t["name"], t["name"]),  # the template's
                 )
                 for i, t in ((i, templates[i % len(templates)]) for i in range(n))
             ]
