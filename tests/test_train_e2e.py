@@ -65,11 +65,11 @@ def small_run(tmp_path, address: str, trial: str) -> list[str]:
     return ["--config", str(REPO / "configs" / "quickstart.yaml"), *overrides]
 
 
-def check_run_dir(run) -> None:
-    """What steps.jsonl, events.jsonl and summary.json must show."""
+def check_run_dir(run, tasks: tuple[str, ...] = TASKS) -> None:
+    """What steps.jsonl, events.jsonl and summary.json must show of ``tasks``."""
     # Every task committed versions 1 and 2, each trained on its own fresh data.
     steps = read_jsonl(run / "steps.jsonl")
-    for task in TASKS:
+    for task in tasks:
         mine = [s for s in steps if s["task"] == task]
         assert [s["version"] for s in mine] == [1, 2]
         assert all(s["staleness_max"] == 0 for s in mine)
@@ -85,7 +85,7 @@ def check_run_dir(run) -> None:
     # The summary the benchmarks read.
     saved = json.loads((run / "summary.json").read_text())
     assert saved["mode"] == "async" and saved["train_steps_per_hour"] > 0
-    for task in TASKS:
+    for task in tasks:
         t = saved["tasks"][task]
         assert (t["steps"], t["final_version"], t["status"]) == (2, 2, "done")
         assert t["ttfs_s"] > 0 and t["tpts_p50_s"] > 0
@@ -135,40 +135,14 @@ def test_three_tasks_two_steps_async_end_to_end(
 
 
 def test_marlaas_train_cli_on_areal_local_scheduler(tmp_path, vllm_server):
-    """The CLI default: AReaL's single controller with LocalScheduler workers."""
+    """The CLI default: AReaL's single controller with LocalScheduler workers. One
+    tenant's reward raises: on this placement the rollout runs in an AReaL
+    worker process, and the reward's error must still reach summary.json (not
+    only "all rollouts failed") while the other tenants finish."""
+    (tmp_path / "nr").mkdir()
     argv = small_run(tmp_path, vllm_server.address, "cli")
-    (tmp_path / "nr").mkdir()
-    argv.append(f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}")
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "areal_marlaas.train", *argv],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run = tmp_path / "marlaas-quickstart" / "cli"
-    check_run_dir(run)
-    # The per-task table and the run directory are printed at the end.
-    assert f"run dir: {run}" in proc.stdout
-    for task in TASKS:
-        assert any(
-            line.split()[:3] == [task, "done", "2"] for line in proc.stdout.splitlines()
-        )
-
-
-def test_raising_reward_reason_reaches_the_summary_on_the_local_scheduler(
-    tmp_path, vllm_server
-):
-    """On the default placement the rollout runs in an AReaL worker process; a
-    tenant reward's error must still reach summary.json, not only "all rollouts
-    failed"."""
-    (tmp_path / "nr").mkdir()
-    argv = small_run(tmp_path, vllm_server.address, "bad")
     argv += [f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}"]
     argv += ["tasks.1.reward_fn=tests.test_fault.raising_reward"]
-    argv += ["tasks.0.total_steps=1", "tasks.2.total_steps=1"]
 
     proc = subprocess.run(
         [sys.executable, "-m", "areal_marlaas.train", *argv],
@@ -178,12 +152,18 @@ def test_raising_reward_reason_reaches_the_summary_on_the_local_scheduler(
         cwd=REPO,
     )
 
-    path = tmp_path / "marlaas-quickstart" / "bad" / "summary.json"
+    run = tmp_path / "marlaas-quickstart" / "cli"
+    path = run / "summary.json"
     assert path.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    check_run_dir(run, tasks=("add2", "add1"))
     tasks = json.loads(path.read_text())["tasks"]
-    assert tasks["add2"]["status"] == tasks["add1"]["status"] == "done"
     assert tasks["mul1"]["status"] == "failed"
     assert "reward_fn raised ValueError: tenant bug" in tasks["mul1"]["error"]
+    # The per-task table and the run directory are printed at the end.
+    assert f"run dir: {run}" in proc.stdout
+    table = [line.split()[:3] for line in proc.stdout.splitlines()]
+    assert ["add2", "done", "2"] in table and ["add1", "done", "2"] in table
+    assert any(row[:2] == ["mul1", "failed"] for row in table)
 
     # The quiet screen on this path: the workers' start-up output (AReaL INFO
     # lines, gloo, weight-loading bars) goes to their log files, not the screen.
@@ -193,5 +173,5 @@ def test_raising_reward_reason_reaches_the_summary_on_the_local_scheduler(
     assert not noise, "\n".join(noise[:10])
     assert len(screen) <= 40, "\n".join(screen)
     assert any("starting the trainer" in ln for ln in screen)
-    worker_log = path.parent / "logs" / "actor.log"
+    worker_log = run / "logs" / "actor.log"
     assert "Guard" in worker_log.read_text()  # what left the screen was kept
