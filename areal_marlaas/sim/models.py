@@ -38,6 +38,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from areal_marlaas.bench.metrics import phase_records
 
 DEFAULT_BETA = math.log(64 / 40) / math.log(32 / 8)  # design.md's CPU numbers
@@ -183,11 +185,6 @@ def mean_concurrency(
     return out
 
 
-def _g(n: float, beta: float, cap: int | None) -> float:
-    """Time factor of a batch sharing the server with ``n`` sequences."""
-    return n / (n if cap is None else min(n, cap)) ** beta
-
-
 def _generating_shares(
     events: list[dict[str, Any]], env: dict[tuple[str, int], Segments]
 ) -> list[float]:
@@ -218,12 +215,6 @@ def _contentions(shares: list[float]) -> list[float]:
     return [i / 20 for i in range(41)]  # 0 .. 2
 
 
-def _per_task_mean(values, idx, count):
-    import numpy as np
-
-    return (values @ np.eye(len(count))[idx]) / count
-
-
 def fit_rollout(
     runs: list[RunLog],
     max_seqs: int | None = None,
@@ -232,8 +223,6 @@ def fit_rollout(
     """Least squares over a (beta, overhead) grid, the work (each task's or the
     shared one) in closed form in log space; beta is kept at ``default_beta``
     when the runs show too little spread in concurrency to tell it."""
-    import numpy as np
-
     rows: list[tuple[str, float, float, float]] = []  # profile n duration scale
     mnts = [m for r in runs for m in r.max_new_tokens.values() if m]
     ref = statistics.median(mnts) if mnts else None
@@ -256,7 +245,9 @@ def fit_rollout(
     own = sorted(t for t, ns in levels.items() if max(ns) / min(ns) >= 1.2)
     groups = [*own, "*"]
     idx = np.array([groups.index(r[0]) if r[0] in own else len(own) for r in rows])
-    count = np.maximum(np.bincount(idx, minlength=len(groups)), 1).astype(float)
+    # x @ mean_of: each group's mean of x (empty groups: 0)
+    mean_of = np.eye(len(groups))[idx]
+    mean_of /= np.maximum(mean_of.sum(axis=0), 1)
     identifiable = n.max() / n.min() >= 1.2
     betas = [i / 100 for i in range(101)] if identifiable else [default_beta]
     overheads = np.array([d.min() * i / 40 for i in range(0, 36)])
@@ -266,7 +257,7 @@ def fit_rollout(
     for beta in betas:
         g = n / cap**beta
         f = g * scale
-        logw = _per_task_mean(logd - np.log(f)[None, :], idx, count)
+        logw = (logd - np.log(f)[None, :]) @ mean_of
         pred = overheads[:, None] + np.exp(logw)[:, idx] * f[None, :]
         sse = ((d[None, :] - pred) ** 2).sum(axis=1)
         k = int(sse.argmin())

@@ -42,9 +42,9 @@ def profiles(result: dict[str, Any]) -> dict[str, str]:
     its own."""
     bench = result.get("bench") or {}
     base, n = bench.get("task"), bench.get("replicas") or 0
-    names = {t["name"] for r in result["runs"] for t in r.get("tasks") or []}
     if not base or n <= 0:
         return {}
+    names = {t["name"] for r in result["runs"] for t in r.get("tasks") or []}
     prefix = f"{base}_"
     return {
         name: base
