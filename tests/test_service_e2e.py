@@ -394,9 +394,9 @@ def test_bench_service_runs_async_and_fifo_services_under_poisson_load(tmp_path)
     fifo = spans["fifo"]
     assert all(a[1] < b[0] for a, b in zip(fifo, fifo[1:])), fifo
     assert any(a[1] > b[0] for a, b in zip(spans["async"], spans["async"][1:]))
-    assert runs["fifo"]["metrics"]["ttfs_by_arrival"][2] > max(
-        runs["async"]["metrics"]["ttfs_by_arrival"]
-    )
+    # Which service gives the lower TTFS is what bench-service measures, not a
+    # behaviour: with 3 jobs on 2 shared cores async's last first step once came
+    # later than FIFO's third (CI: 54.6 vs 50.2 s). The queueing is asserted.
     # FIFO's third job waited for the two before it to finish (>= 2 of its
     # steps each), in the service's job queue, before it ran.
     third = runs["fifo"]["jobs"][2]
