@@ -410,11 +410,33 @@ def test_a_train_step_slows_while_sequences_generate():
     assert trains == pytest.approx({"a": 7.0, "b": 11.0})
 
 
+def test_generation_slows_while_a_step_trains():
+    """rollout.contention 1: sequences generate at half speed while a step
+    trains. a (4 s) trains from 4 to 7 s; b (8 s of work) did 4 s of it by 4 s,
+    1.5 s more by 7 s, the last 2.5 s by 9.5 s."""
+    m = fixed()
+    m.rollout.ref_max_new_tokens = 32
+    m.rollout.contention = 1.0
+    tasks = [SimTask("a", 1, 4, 32), SimTask("b", 1, 4, 64)]
+    r = simulate(tasks, m, "async")
+    spans = {
+        (e["task"], e["phase"]): (e["start"], e["end"])
+        for e in r.events
+        if e["phase"] in ("rollout", "train")
+    }
+    assert spans == {
+        ("a", "rollout"): pytest.approx((0.0, 4.0)),
+        ("a", "train"): pytest.approx((4.0, 7.0)),
+        ("b", "rollout"): pytest.approx((0.0, 9.5)),
+        ("b", "train"): pytest.approx((9.5, 12.5)),
+    }
+
+
 def test_per_task_latencies_and_train_contention_are_fitted(tmp_path):
     """A bench whose m_0 needs twice the shared work per sequence, whose m_1
-    trains for 15 s instead of 9, and whose train steps run 1.5x slower while
-    sequences generate: the async runs alone recover all three, and the sync
-    and sequential runs (no step overlaps generation there) are predicted."""
+    trains for 15 s instead of 9, and whose train steps and generation run 1.5x
+    slower while both run: the async runs alone recover all three, and the sync
+    and sequential runs (nothing overlaps generation there) are predicted."""
     from areal_marlaas.sim.project import format_models, simulate_bench
 
     def truth(mode):
@@ -425,13 +447,14 @@ def test_per_task_latencies_and_train_contention_are_fitted(tmp_path):
         m.rollout.overhead_s = 0.0
         m.rollout.work_by_task = {"m_0": 1.2}
         m.train_by_task = {"m_1": 15.0}
-        m.train_contention = 0.5
+        m.train_contention = m.rollout.contention = 0.5
         return m
 
     write_bench(tmp_path, truth)
     out = simulate_bench(tmp_path, [2], fit_modes=["async"])
     fitted = LatencyModels.from_dict(out["models"]["disaggregated"])
     assert fitted.train_contention == pytest.approx(0.5, abs=0.05)
+    assert fitted.rollout.contention == fitted.train_contention
     assert fitted.train_by_task["m_1"] == pytest.approx(15.0, rel=0.03)
     assert fitted.train_by_task["m_0"] == pytest.approx(9.0, rel=0.03)
     # Work trades off against beta in the fit; the tasks' ratio is what shows.
@@ -439,7 +462,9 @@ def test_per_task_latencies_and_train_contention_are_fitted(tmp_path):
     assert ratio == pytest.approx(2.0, rel=0.1)
     for row in out["validation"]:
         assert abs(row["error_pct"]) < 3.0, row
-    assert "x1.50 while sequences generate" in format_models({"d": fitted})
+    text = format_models({"d": fitted})
+    assert "x1.50 while sequences generate" in text
+    assert "x1.50 beside training" in text
 
 
 def test_replicas_of_one_task_are_fitted_as_one_profile(tmp_path):

@@ -20,9 +20,12 @@ multi-turn episodes, sequence lengths); others get the shared models above. A
 train step runs ``1 + train_contention`` times slower while sequences generate
 (the server's cores and the trainer's share caches and memory bandwidth),
 fitted from how much of each step overlapped generation (0 when the fit runs
-show no spread in it). The same effect on generation is not fitted: in runs of
-one mode it is confounded with the batching gain (tried on the committed
-benches: it traded beta for contention and missed sequential runs by 26%).
+show no spread in it). Generation runs as many times slower while a train step
+runs: the contention is taken as symmetric (both share the machine's caches and
+memory bandwidth) and comes from the train side, because fitted on its own it is
+confounded with the batching gain (tried on the committed async benches: it
+traded beta for contention and missed sequential runs by 26%; on async + sync
+runs it fitted beta 0 and x1.7 and missed sequential by 19%).
 
 Env (tool calls, e.g. the search agent's searches): per task, the time a batch
 spends with at least one episode waiting on a tool (the union of the batch's
@@ -54,6 +57,7 @@ class RolloutModel:
     ref_max_new_tokens: int | None = None
     beta_fitted: bool = False
     work_by_task: dict[str, float] = field(default_factory=dict)
+    contention: float = 0.0  # generation slows by 1 + this while a step trains
 
     def rate_per_seq(self, n: float) -> float:
         if n <= 0:
@@ -215,27 +219,45 @@ def _contentions(shares: list[float]) -> list[float]:
     return [i / 20 for i in range(41)]  # 0 .. 2
 
 
+def _training_shares(run: RunLog) -> list[float]:
+    """Per rollout (in record order), the share of its generation time during
+    which a train step ran."""
+    records = phase_records(run.events)
+    env = batch_env(run.events)
+    training = merge([(t["start"], t["end"]) for t in records if t["phase"] == "train"])
+    out = []
+    for r in records:
+        if r["phase"] == "rollout":
+            gen = generation(r, env.get((r["task"], r["version"]), []))
+            span = _length(gen)
+            out.append(_overlap(gen, training) / span if span > 0 else 0.0)
+    return out
+
+
 def fit_rollout(
     runs: list[RunLog],
     max_seqs: int | None = None,
     default_beta: float = DEFAULT_BETA,
+    contention: float = 0.0,
 ) -> tuple[RolloutModel, dict[str, Any]]:
     """Least squares over a (beta, overhead) grid, the work (each task's or the
     shared one) in closed form in log space; beta is kept at ``default_beta``
-    when the runs show too little spread in concurrency to tell it."""
-    rows: list[tuple[str, float, float, float]] = []  # profile n duration scale
+    when the runs show too little spread in concurrency to tell it. Generation
+    beside a train step is taken to run at ``1 / (1 + contention)`` speed."""
+    rows: list[tuple[str, float, float, float, float]] = []  # profile n d scale s
     mnts = [m for r in runs for m in r.max_new_tokens.values() if m]
     ref = statistics.median(mnts) if mnts else None
     for run in runs:
         rolls = [e for e in phase_records(run.events) if e["phase"] == "rollout"]
         env = batch_env(run.events)
-        for e, n in zip(rolls, mean_concurrency(rolls, run.seqs, env)):
+        concurrency = mean_concurrency(rolls, run.seqs, env)
+        for e, n, sh in zip(rolls, concurrency, _training_shares(run)):
             scale = (run.max_new_tokens.get(e["task"]) or ref or 1) / (ref or 1)
             gen = _length(generation(e, env.get((e["task"], e["version"]), [])))
-            rows.append((run.profile_of(e["task"]), n, max(gen, 1e-3), scale))
+            rows.append((run.profile_of(e["task"]), n, max(gen, 1e-3), scale, sh))
     if not rows:
         raise ValueError("no rollout records to fit")
-    n, d, scale = (np.array([r[i] for r in rows]) for i in range(1, 4))
+    n, d, scale, share = (np.array([r[i] for r in rows]) for i in range(1, 5))
     # A task seen at several concurrency levels gets its own work; the others
     # share one (scaled by max_new_tokens), so that their work cannot absorb
     # what concurrency does.
@@ -253,10 +275,14 @@ def fit_rollout(
     overheads = np.array([d.min() * i / 40 for i in range(0, 36)])
     logd = np.log(np.maximum(d[None, :] - overheads[:, None], 1e-9))
     cap = n if max_seqs is None else np.minimum(n, max_seqs)
+    # Generation that spent share s of its time beside training, at
+    # 1 / (1 + c) speed there, took 1 / (1 - s * c / (1 + c)) times what the
+    # same work alone takes (the train fit's form).
+    slow = 1 / (1 - share * contention / (1 + contention))
     best = None
     for beta in betas:
         g = n / cap**beta
-        f = g * scale
+        f = g * scale * slow
         logw = (logd - np.log(f)[None, :]) @ mean_of
         pred = overheads[:, None] + np.exp(logw)[:, idx] * f[None, :]
         sse = ((d[None, :] - pred) ** 2).sum(axis=1)
@@ -282,6 +308,7 @@ def fit_rollout(
         work_by_task={
             t: math.exp(float(logw[i])) * task_scale[t] for i, t in enumerate(own)
         },
+        contention=contention,
     )
     rmse = math.sqrt(sse / len(rows))
     return model, {
@@ -328,7 +355,6 @@ def fit_models(
     max_seqs: int | None = None,
     default_beta: float = DEFAULT_BETA,
 ) -> LatencyModels:
-    rollout, diag = fit_rollout(runs, max_seqs, default_beta)
     trains: list[tuple[str, int, float, float]] = []
     publishes: list[float] = []
     envs: dict[str, list[float]] = {}
@@ -351,6 +377,7 @@ def fit_models(
     if not trains:
         raise ValueError("no train records to fit")
     by_task, contention, intercept, slope, rmse = _fit_train(trains)
+    rollout, diag = fit_rollout(runs, max_seqs, default_beta, contention)
     diag["trains"] = len(trains)
     diag["train_rmse_s"] = rmse
     return LatencyModels(

@@ -321,7 +321,7 @@ def format_models(models: dict[str, LatencyModels]) -> str:
                 if m.fit.get("beta_from")
                 else " (not identifiable: default)"
             )
-            + ", overhead "
+            + f", x{1 + r.contention:.2f} beside training, overhead "
             f"{r.overhead_s:.2f}s, fit rmse {m.fit.get('rmse_s', 0):.2f}s; train "
             f"{m.train_intercept_s:.2f}s + {m.train_per_seq_s:.3f}s/seq alone, "
             f"x{1 + m.train_contention:.2f} while sequences generate; publish "

@@ -3,7 +3,8 @@ phase latencies instead of a server and a trainer.
 
 Rollouts run on ``rollout_devices`` processor-sharing servers (``RolloutModel``;
 a new batch goes to the device with the fewest sequences in flight); the core's
-``trainers`` train slots each take ``LatencyModels.train_s``; publish is a fixed
+``trainers`` train slots each take ``LatencyModels.train_s``; while both run,
+train steps and generation slow by their contention factors; publish is a fixed
 delay, and a task's env (tool-call) time a fixed delay after its batch's
 generation, off the server. The simulator writes the same phase records and step records
 a real run does, so the bench's metrics apply to it unchanged.
@@ -68,15 +69,16 @@ class Device:
         heapq.heappush(self.jobs, (self.virtual + work, next(self._order), task, seqs))
         self.seqs += seqs
 
-    def next_done(self) -> float:
-        """Seconds until the next batch finishes (inf when idle)."""
+    def next_done(self, speed: float = 1.0) -> float:
+        """Seconds until the next batch finishes (inf when idle), at ``speed``
+        (below 1 while a train step contends for the machine)."""
         if not self.jobs:
             return float("inf")
-        return max(0.0, self.jobs[0][0] - self.virtual) / self.rate()
+        return max(0.0, self.jobs[0][0] - self.virtual) / (self.rate() * speed)
 
-    def advance(self, dt: float) -> None:
+    def advance(self, dt: float, speed: float = 1.0) -> None:
         if self.jobs:
-            self.virtual += self.rate() * dt
+            self.virtual += self.rate() * speed * dt
 
     def pop_done(self) -> list[str]:
         done = []
@@ -220,10 +222,12 @@ def simulate(
         dispatch(core.handle(TrainDone(task, v)))
 
     slow_train = 1 / (1 + models.train_contention)
+    slow_gen = 1 / (1 + models.rollout.contention)
     while unfinished > 0:
         train_speed = slow_train if any(d.seqs for d in devices) else 1.0
+        gen_speed = slow_gen if training else 1.0
         t_timer = timers[0][0] if timers else float("inf")
-        dt_dev = min((d.next_done() for d in devices), default=float("inf"))
+        dt_dev = min((d.next_done(gen_speed) for d in devices), default=float("inf"))
         dt_train = min((w for w, _ in training.values()), default=float("inf"))
         t_next = min(t_timer, now + dt_dev, now + dt_train / train_speed)
         if t_next == float("inf"):
@@ -232,7 +236,7 @@ def simulate(
                 f"({ {n: s.phase.value for n, s in core.tasks.items()} })"
             )
         for d in devices:
-            d.advance(t_next - now)
+            d.advance(t_next - now, gen_speed)
         for job in training.values():
             job[0] -= (t_next - now) * train_speed
         now = t_next
