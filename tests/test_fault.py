@@ -5,6 +5,7 @@ isolated reward functions."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -352,6 +353,64 @@ def test_reward_workers_do_not_inherit_the_trainers_memory():
     finally:
         _TRAINER_STATE["weights"] = None
         IsolatedReward.shutdown_all()
+
+
+_FIRST_REWARD = """
+import asyncio, json, sys, time
+from areal_marlaas.tasks.rewards import numeric_answer_reward_fn
+from areal_marlaas.workflows.reward import IsolatedReward
+
+
+async def main():
+    if sys.argv[1] == "warm":
+        IsolatedReward.warm().join()
+    gaps, clock = [], {"last": time.monotonic(), "done": False}
+
+    async def tick():  # another episode's work on the shared event loop
+        while not clock["done"]:
+            await asyncio.sleep(0.02)
+            now = time.monotonic()
+            gaps.append(now - clock["last"])
+            clock["last"] = now
+
+    ticker = asyncio.create_task(tick())
+    t0 = time.monotonic()
+    reward = IsolatedReward("t", numeric_answer_reward_fn, timeout_s=120)
+    value = await reward("p", "The answer is 4", [], [], answer="4")
+    took = time.monotonic() - t0
+    clock["done"] = True
+    await ticker
+    IsolatedReward.shutdown_all()
+    print(json.dumps({"reward": value, "took_s": took, "max_gap_s": max(gaps)}))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+"""
+
+
+def test_first_reward_neither_blocks_the_event_loop_nor_waits_once_warm(tmp_path):
+    """A fresh process's first reward waits for the fork server's imports
+    (seconds): the event loop every episode shares keeps running meanwhile, and
+    after ``warm`` (the rollout engine calls it at start) it does not wait."""
+    script = tmp_path / "first_reward.py"
+    script.write_text(_FIRST_REWARD)
+
+    def first_reward(how: str) -> dict:
+        out = subprocess.run(
+            [sys.executable, str(script), how],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    cold, warm = first_reward("cold"), first_reward("warm")
+    assert cold["reward"] == warm["reward"] == 1.0
+    assert cold["took_s"] > 1.0, cold  # the imports (5 s here) were waited for
+    assert cold["max_gap_s"] < 0.5, cold  # ... off the loop
+    assert warm["took_s"] < 1.0, warm  # 0.04 s here
 
 
 def test_isolated_reward_raises_the_tenants_error():

@@ -44,6 +44,7 @@ from areal_marlaas.rollout.seeding import (
 )
 from areal_marlaas.rollout.server import VLLMServer, server_argv, server_env, spawn
 from areal_marlaas.trajectory import failure, record_served_adapter
+from areal_marlaas.workflows.reward import IsolatedReward
 
 logger = logging.getLogger("MARLaaSRollout")
 
@@ -169,6 +170,9 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
     ):
         if not addr and self.servers:
             addr = [s.address for s in self.servers]
+        # The workflows' rewards run in this process's reward pools: start
+        # their fork server now, not on the first tenant's first reward.
+        IsolatedReward.warm()
         return super().initialize(engine_id, addr, train_data_parallel_size)
 
     def server_exited(self) -> str | None:

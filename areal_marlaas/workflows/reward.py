@@ -7,6 +7,12 @@ be scored as a wrong answer. Here each task gets its own small pool; a call past
 the task's timeout has its pool's processes killed and raises, as does a reward
 that raises or returns a non-number. The episode then fails, and a batch with no
 good episode fails the task's rollout, which the scheduler retries or fails.
+
+The pools' workers come from one fork server per process, which imports the
+built-in rewards (torch among them: seconds). Starting a worker blocks until the
+fork server is up, so calls hand work to a pool from a thread, never from the
+event loop every episode of every task shares, and ``warm`` starts the fork
+server in the background before the first reward needs it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import contextlib
 import contextvars
 import math
 import multiprocessing
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -38,9 +45,21 @@ class RewardTimeoutError(RewardError):
     """A reward call ran past the task's reward_timeout_s."""
 
 
+def _forkserver_context():
+    # Workers die with the trainer, even when it is SIGKILLed (the fork server
+    # exits with it). Not forked from the trainer: a fork pins the trainer's
+    # pages as of that moment (copy-on-write), and three reward workers of a
+    # 5 GB trainer ran a 24 GiB machine out of memory in the paper mix.
+    ctx = multiprocessing.get_context("forkserver")
+    # The built-in rewards are imported once, in the fork server.
+    ctx.set_forkserver_preload(["areal_marlaas.tasks"])
+    return ctx
+
+
 class IsolatedReward:
     _pools: dict[str, ProcessPoolExecutor] = {}
     _lock = threading.Lock()
+    _warming: threading.Thread | None = None
 
     def __init__(self, task: str, fn: Callable, timeout_s: float, workers: int = 2):
         self.task = task
@@ -52,22 +71,37 @@ class IsolatedReward:
         with self._lock:
             pool = self._pools.get(self.task)
             if pool is None:
-                # Workers die with the trainer, even when it is SIGKILLed (the
-                # fork server exits with it). Not forked from the trainer: a fork
-                # pins the trainer's pages as of that moment (copy-on-write), and
-                # three reward workers of a 5 GB trainer ran a 24 GiB machine
-                # out of memory in the paper mix.
-                ctx = multiprocessing.get_context("forkserver")
-                # The built-in rewards are imported once, in the fork server.
-                ctx.set_forkserver_preload(["areal_marlaas.tasks"])
                 pool = ProcessPoolExecutor(
                     max_workers=self.workers,
-                    mp_context=ctx,
+                    mp_context=_forkserver_context(),
                     initializer=set_pdeathsig,
                     initargs=(signal.SIGKILL,),
                 )
                 self._pools[self.task] = pool
             return pool
+
+    @classmethod
+    def warm(cls) -> threading.Thread:
+        """Start this process's fork server in the background (once), so that
+        the first reward does not wait for its imports. The server imports
+        after ``ensure_running`` returns; one worker's round trip waits them out."""
+
+        def start() -> None:
+            with ProcessPoolExecutor(
+                1,
+                mp_context=_forkserver_context(),
+                initializer=set_pdeathsig,
+                initargs=(signal.SIGKILL,),
+            ) as pool:
+                pool.submit(os.getpid).result()
+
+        with cls._lock:
+            if cls._warming is None:
+                cls._warming = threading.Thread(
+                    target=start, name="marlaas-reward-forkserver", daemon=True
+                )
+                cls._warming.start()
+            return cls._warming
 
     @classmethod
     def _discard(cls, task: str, pool: ProcessPoolExecutor) -> None:
@@ -90,8 +124,12 @@ class IsolatedReward:
         pool = self._pool()
         call = partial(self.fn, *args, **kwargs)
         try:
-            future = asyncio.get_running_loop().run_in_executor(pool, call)
-            value = await asyncio.wait_for(future, timeout=self.timeout_s)
+            # submit() may start a worker, which waits for the fork server: off
+            # the loop. The timeout counts from the hand-over.
+            future = await asyncio.to_thread(pool.submit, call)
+            value = await asyncio.wait_for(
+                asyncio.wrap_future(future), timeout=self.timeout_s
+            )
         except TimeoutError:
             self._discard(self.task, pool)
             raise RewardTimeoutError(
