@@ -413,6 +413,26 @@ def test_first_reward_neither_blocks_the_event_loop_nor_waits_once_warm(tmp_path
     assert warm["took_s"] < 1.0, warm  # 0.04 s here
 
 
+def test_the_multi_task_engine_warms_rewards_and_areals_trainers_do_not(monkeypatch):
+    """Our runtime's rollout engine starts the fork server when it initializes;
+    the engine AReaL's own trainers use (the replicated-AReaL baseline) does
+    not: they score with AReaL's reward wrapper, and a fork server holds ~1 GB."""
+    from areal.engine.vllm_remote import RemotevLLMEngine
+
+    from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine, SingleTaskvLLMEngine
+
+    calls = []
+    monkeypatch.setattr(
+        IsolatedReward, "warm", classmethod(lambda cls: calls.append("warm"))
+    )
+    monkeypatch.setattr(
+        RemotevLLMEngine, "initialize", lambda self, *a, **k: calls.append("init")
+    )
+    for cls in (MultiLoRAvLLMEngine, SingleTaskvLLMEngine):
+        cls.initialize(object.__new__(cls))
+    assert calls == ["warm", "init", "init"]
+
+
 def test_isolated_reward_raises_the_tenants_error():
     reward = IsolatedReward("t_raise", raising_reward, timeout_s=30)
 

@@ -170,9 +170,6 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
     ):
         if not addr and self.servers:
             addr = [s.address for s in self.servers]
-        # The workflows' rewards run in this process's reward pools: start
-        # their fork server now, not on the first tenant's first reward.
-        IsolatedReward.warm()
         return super().initialize(engine_id, addr, train_data_parallel_size)
 
     def server_exited(self) -> str | None:
@@ -437,6 +434,8 @@ class MultiLoRAvLLMEngine(RemotevLLMEngine):
     # Each task has its own version, so AReaL's one engine-wide staleness gate
     # (rollout.max_head_offpolicyness against get_version()) stays open.
     per_task_versions: ClassVar[bool] = True
+    # The multi-task workflows score in IsolatedReward pools in this process.
+    warm_rewards: ClassVar[bool] = True
 
     def __init__(
         self, config: InferenceEngineConfig, server: RolloutServerConfig | None = None
@@ -472,6 +471,13 @@ class MultiLoRAvLLMEngine(RemotevLLMEngine):
 
     def publish(self, task: str, version: int, path: str | Path, on_retired=None):
         return self._engine.publish(task, version, path, on_retired)
+
+    def initialize(self, *args, **kwargs):
+        if self.warm_rewards:
+            # Start the reward pools' fork server now, in the background, not
+            # on the first tenant's first reward (workflows/reward.py).
+            IsolatedReward.warm()
+        return super().initialize(*args, **kwargs)
 
     def rollout_task(
         self, rows, workflow, workflow_kwargs=None, group_size=1, timeout=None
@@ -513,3 +519,6 @@ class SingleTaskvLLMEngine(MultiLoRAvLLMEngine):
     plugin's server launch and versioned adapter publishing."""
 
     per_task_versions: ClassVar[bool] = False
+    # AReaL's trainers score with AReaL's own reward wrapper: no fork server
+    # (it holds ~1 GB; the replicated-AReaL baseline would carry one each).
+    warm_rewards: ClassVar[bool] = False
