@@ -219,11 +219,11 @@ def _contentions(shares: list[float]) -> list[float]:
     return [i / 20 for i in range(41)]  # 0 .. 2
 
 
-def _training_shares(run: RunLog) -> list[float]:
+def _training_shares(
+    records: list[dict[str, Any]], env: dict[tuple[str, int], Segments]
+) -> list[float]:
     """Per rollout (in record order), the share of its generation time during
     which a train step ran."""
-    records = phase_records(run.events)
-    env = batch_env(run.events)
     training = merge([(t["start"], t["end"]) for t in records if t["phase"] == "train"])
     out = []
     for r in records:
@@ -248,10 +248,11 @@ def fit_rollout(
     mnts = [m for r in runs for m in r.max_new_tokens.values() if m]
     ref = statistics.median(mnts) if mnts else None
     for run in runs:
-        rolls = [e for e in phase_records(run.events) if e["phase"] == "rollout"]
+        records = phase_records(run.events)
+        rolls = [e for e in records if e["phase"] == "rollout"]
         env = batch_env(run.events)
         concurrency = mean_concurrency(rolls, run.seqs, env)
-        for e, n, sh in zip(rolls, concurrency, _training_shares(run)):
+        for e, n, sh in zip(rolls, concurrency, _training_shares(records, env)):
             scale = (run.max_new_tokens.get(e["task"]) or ref or 1) / (ref or 1)
             gen = _length(generation(e, env.get((e["task"], e["version"]), [])))
             rows.append((run.profile_of(e["task"]), n, max(gen, 1e-3), scale, sh))

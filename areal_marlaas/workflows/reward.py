@@ -45,7 +45,7 @@ class RewardTimeoutError(RewardError):
     """A reward call ran past the task's reward_timeout_s."""
 
 
-def _forkserver_context():
+def _new_pool(workers: int) -> ProcessPoolExecutor:
     # Workers die with the trainer, even when it is SIGKILLed (the fork server
     # exits with it). Not forked from the trainer: a fork pins the trainer's
     # pages as of that moment (copy-on-write), and three reward workers of a
@@ -53,7 +53,12 @@ def _forkserver_context():
     ctx = multiprocessing.get_context("forkserver")
     # The built-in rewards are imported once, in the fork server.
     ctx.set_forkserver_preload(["areal_marlaas.tasks"])
-    return ctx
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=ctx,
+        initializer=set_pdeathsig,
+        initargs=(signal.SIGKILL,),
+    )
 
 
 class IsolatedReward:
@@ -71,12 +76,7 @@ class IsolatedReward:
         with self._lock:
             pool = self._pools.get(self.task)
             if pool is None:
-                pool = ProcessPoolExecutor(
-                    max_workers=self.workers,
-                    mp_context=_forkserver_context(),
-                    initializer=set_pdeathsig,
-                    initargs=(signal.SIGKILL,),
-                )
+                pool = _new_pool(self.workers)
                 self._pools[self.task] = pool
             return pool
 
@@ -87,12 +87,7 @@ class IsolatedReward:
         after ``ensure_running`` returns; one worker's round trip waits them out."""
 
         def start() -> None:
-            with ProcessPoolExecutor(
-                1,
-                mp_context=_forkserver_context(),
-                initializer=set_pdeathsig,
-                initargs=(signal.SIGKILL,),
-            ) as pool:
+            with _new_pool(1) as pool:
                 pool.submit(os.getpid).result()
 
         with cls._lock:
