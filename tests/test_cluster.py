@@ -86,6 +86,15 @@ def test_two_one_cpu_nodes_hold_one_trainer_and_one_rollout_worker():
         check_placeable(demands(ray_cfg(*SMALL, "actor.backend=fsdp:d2")), nodes)
 
 
+def test_each_trainer_worker_asks_its_own_spec():
+    two = demands(ray_cfg(*SMALL, "scheduler.trainers=2"))
+    assert [d.what for d in two].count("trainer worker") == 2
+    # One trainer and the rollout worker fit two 1-CPU nodes; a second does not.
+    nodes = [node("10.0.0.1", 1, 2), node("10.0.0.2", 1, 2)]
+    with pytest.raises(ConfigError, match="need 3 CPU in all"):
+        check_placeable(two, nodes)
+
+
 def test_zero_cpu_or_memory_would_hang_areals_probe():
     cfg = ray_cfg(*SMALL, "rollout.scheduling_spec.0.cpu=0")
     with pytest.raises(ConfigError, match=r"rollout.scheduling_spec.0.cpu=0: every"):
@@ -127,6 +136,8 @@ def test_shipped_ray_config_loads_and_fits_a_two_cpu_head():
         (["scheduler.type=k8s"], "scheduler.type must be local|ray|slurm|null"),
         (["scheduler.startup_timeout_s=0"], "scheduler.startup_timeout_s must be > 0"),
         (["scheduler.slurm.container=docker"], "scheduler.slurm.container must be"),
+        (["scheduler.trainers=0"], "scheduler.trainers must be >= 1, got 0"),
+        (["scheduler.trainers=2"], "scheduler.trainers=2 runs trainer workers: set"),
     ],
 )
 def test_scale_out_settings_are_validated(overrides, match):

@@ -41,17 +41,21 @@ def drive(
     kv=None,
     check=None,
     errors=None,
+    placed=None,
 ):
     """Complete in-flight actions in a random order; check invariants throughout.
 
     ``fail=(task, n)`` fails ``task`` for good once n actions ran; ``errors`` maps
     a task to how many of its phases raise (retriable) before succeeding;
+    ``placed`` maps a task to its trainer;
     ``check(core, action, in_flight)`` runs at every started action."""
     rng = random.Random(seed)
     pending, log, max_rolling = [], [], 0
     errors = dict(errors or {})
     for task, n in steps.items():
-        pending += core.handle(Submitted(task, n, kv_bytes=(kv or {}).get(task, 0)))
+        kv_bytes = (kv or {}).get(task, 0)
+        trainer = (placed or {}).get(task)
+        pending += core.handle(Submitted(task, n, kv_bytes=kv_bytes, trainer=trainer))
     while True:
         pending = [a for a in pending if not isinstance(a, HoldRollout)]
         if not pending:
@@ -147,7 +151,7 @@ def _queue_with_a_newcomer(order: str) -> SchedulerCore:
         core.handle(RolloutDone(t, 1))
     core.handle(Submitted("d", 3))
     core.handle(RolloutDone("d", 0))
-    assert core.training == {"c"} and list(core.train_queue) == ["a", "b", "d"]
+    assert core.training == {"c": 0} and list(core.train_queue) == ["a", "b", "d"]
     return core
 
 
@@ -371,10 +375,64 @@ def test_two_train_slots_train_two_tasks_at_once():
     core = SchedulerCore(trainers=2)
     for t in "abc":
         core.handle(Submitted(t, 1))
-    assert core.handle(RolloutDone("a", 0)) == [StartTrain("a", 0)]
-    assert core.handle(RolloutDone("b", 0)) == [StartTrain("b", 0)]
+    assert core.handle(RolloutDone("a", 0)) == [StartTrain("a", 0, trainer=0)]
+    assert core.handle(RolloutDone("b", 0)) == [StartTrain("b", 0, trainer=1)]
     assert core.handle(RolloutDone("c", 0)) == []
-    assert core.training == {"a", "b"}
+    assert core.training == {"a": 0, "b": 1}
+    # Unplaced tasks take whichever trainer frees up first.
+    assert core.handle(TrainDone("b", 1)) == [
+        StartPublish("b", 1),
+        StartTrain("c", 0, trainer=1),
+    ]
+
+
+def test_a_placed_task_trains_only_on_its_trainer_and_lets_others_pass():
+    """a and b live on trainer 0, c on trainer 1: with trainer 0 busy, b's batch
+    waits for it and c's, queued after b's, goes to the idle trainer 1."""
+    core = SchedulerCore(trainers=2)
+    for task, trainer in (("a", 0), ("b", 0), ("c", 1)):
+        core.handle(Submitted(task, 2, trainer=trainer))
+    assert core.handle(RolloutDone("a", 0)) == [StartTrain("a", 0, trainer=0)]
+    assert core.handle(RolloutDone("b", 0)) == []  # trainer 1 is free, not b's
+    assert core.handle(RolloutDone("c", 0)) == [StartTrain("c", 0, trainer=1)]
+    assert core.handle(TrainDone("c", 1)) == [StartPublish("c", 1)]
+    assert core.handle(TrainDone("a", 1)) == [
+        StartPublish("a", 1),
+        StartTrain("b", 0, trainer=0),
+    ]
+    assert core.training == {"b": 0}
+
+
+def test_a_placement_outside_the_trainers_is_refused():
+    core = SchedulerCore(trainers=2)
+    with pytest.raises(ProtocolError, match="placed on trainer 2, but there are 2"):
+        core.handle(Submitted("a", 1, trainer=2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=TASK_STEPS, seed=SEEDS, order=st.sampled_from(["fifo", "first_steps"]))
+def test_placed_tasks_on_two_trainers_any_event_order(steps, seed, order):
+    core = SchedulerCore(trainers=2, train_order=order)
+    placed = {task: i % 2 for i, task in enumerate(sorted(steps))}
+
+    def check(core, action, pending):
+        if isinstance(action, StartTrain):
+            assert action.trainer == placed[action.task]
+        # A trainer runs one step at a time; none idles while a batch of its
+        # tasks waits in the queue.
+        busy = list(core.training.values())
+        assert len(busy) == len(set(busy))
+        for task in core.train_queue:
+            assert placed[task] in busy
+
+    log, _ = drive(core, steps, seed, check=check, placed=placed)
+
+    assert core.finished()
+    for task, n in steps.items():
+        trained = [
+            a.version for a in log if isinstance(a, StartTrain) and a.task == task
+        ]
+        assert trained == list(range(n))
 
 
 # -- retries ----------------------------------------------------------------------

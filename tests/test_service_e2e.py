@@ -353,6 +353,44 @@ def test_killed_service_resumes_every_job_from_its_last_commit(tmp_path):
     print(f"checkpoints before the kill: {before}")
 
 
+def test_two_trainer_workers_serve_two_tenants_jobs(tmp_path):
+    """scheduler.trainers=2 on AReaL's LocalScheduler: each job's task is placed
+    on one trainer worker when it is handed over and trains only there; both
+    jobs finish with every checkpoint."""
+    common = [
+        "scheduler.type=local",
+        "scheduler.trainers=2",
+        "service.max_new_tokens=16",
+        "service.max_prompt_tokens=96",
+        "service.poll_interval_s=0.3",
+    ]
+    live = LiveService(tmp_path / "svc", common)
+    clients = [live.add_tenant(name) for name in ("acme", "globex")]
+    with live.running():
+        jobs = []
+        for i, c in enumerate(clients):
+            f = c.files.create(file=("a.jsonl", lines(4, i)), purpose="fine-tune")
+            jobs.append(
+                c.fine_tuning.jobs.create(
+                    model=BASE, training_file=f.id, method=method(STRING_CHECK)
+                )
+            )
+        done = [wait_all(c, [j.id], 900)[j.id] for c, j in zip(clients, jobs)]
+        for c, j, job in zip(clients, jobs, done):
+            assert job.status == "succeeded", (job, live.tail())
+            steps = sorted(
+                x.step_number for x in c.fine_tuning.jobs.checkpoints.list(j.id).data
+            )
+            assert steps == list(range(1, job.steps_done + 1)) == [1, 2]
+    run = tmp_path / "svc" / "runs" / "marlaas-service" / "service"
+    records = [json.loads(x) for x in (run / "steps.jsonl").read_text().splitlines()]
+    placed = {}
+    for r in records:
+        assert placed.setdefault(r["task"], r["trainer"]) == r["trainer"]
+    assert sorted(placed.values()) == [0, 1], records
+    assert (run / "logs" / "actor1.log").is_file()
+
+
 def test_bench_service_runs_async_and_fifo_services_under_poisson_load(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run(

@@ -175,3 +175,53 @@ def test_marlaas_train_cli_on_areal_local_scheduler(tmp_path, vllm_server):
     assert any("starting the trainer" in ln for ln in screen)
     worker_log = run / "logs" / "actor.log"
     assert "Guard" in worker_log.read_text()  # what left the screen was kept
+
+
+def test_two_trainer_workers_each_train_their_own_tasks(tmp_path, vllm_server):
+    """scheduler.trainers=2 on the LocalScheduler: two trainer workers (roles
+    actor and actor1), each task placed on one and trained only there, versions
+    in order, and no batch waiting while its worker is idle."""
+    (tmp_path / "nr").mkdir()
+    argv = small_run(tmp_path, vllm_server.address, "two")
+    argv += [f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}"]
+    argv += ["scheduler.trainers=2"]
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_marlaas.train", *argv],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
+
+    run = tmp_path / "marlaas-quickstart" / "two"
+    assert (run / "summary.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    check_run_dir(run)
+    # Placed in arrival order on the worker holding the fewest tasks.
+    steps = read_jsonl(run / "steps.jsonl")
+    placed = {"add2": 0, "mul1": 1, "add1": 0}
+    assert {s["task"]: s["trainer"] for s in steps} == placed
+    assert all(s["trainer"] == placed[s["task"]] for s in steps)
+    # Each worker was its own AReaL role and process.
+    assert (run / "logs" / "actor.log").is_file()
+    assert (run / "logs" / "actor1.log").is_file()
+    # Steps of different workers ran at once, never two on one worker, and a
+    # batch started as soon as its rollout ended or its worker freed up.
+    events = [e for e in read_jsonl(run / "events.jsonl") if e.get("phase")]
+    trains = sorted(
+        (e for e in events if e["phase"] == "train"), key=lambda e: e["start"]
+    )
+    ends = {
+        (e["task"], e["version"]): e["end"] for e in events if e["phase"] == "rollout"
+    }
+    worker = {0: [], 1: []}
+    for t in trains:
+        worker[placed[t["task"]]].append(t)
+    for mine in worker.values():
+        assert all(a["end"] <= b["start"] for a, b in zip(mine, mine[1:]))
+        free_at = 0.0
+        for t in mine:
+            ready = max(ends[(t["task"], t["version"])], free_at)
+            assert t["start"] - ready < 1.0, (t, ready)
+            free_at = t["end"]
+    assert any(overlaps(a, b) for a in worker[0] for b in worker[1])

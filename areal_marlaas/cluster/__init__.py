@@ -16,19 +16,22 @@ logger = logging.getLogger("MARLaaSCluster")
 
 def fit_threads_to_cores(cfg) -> None:
     """Local workers: never more compute threads than this machine's cores
-    (AReaL's default spec asks for 8, its OMP_NUM_THREADS, even on 2 cores).
-    Not for Ray or Slurm, where spec.cpu is what a worker reserves on its node."""
+    (AReaL's default spec asks for 8, its OMP_NUM_THREADS, even on 2 cores), and
+    several trainer workers split them. Not for Ray or Slurm, where spec.cpu is
+    what a worker reserves on its node."""
     import os
 
     cores = len(os.sched_getaffinity(0))
-    for role in ("actor", "rollout"):
+    trainers = cfg.scheduler.trainers
+    for role, share in (("actor", max(1, cores // trainers)), ("rollout", cores)):
         for spec in getattr(cfg, role).scheduling_spec:
-            if spec.cpu > cores:
+            if spec.cpu > share:
+                each = f" for each of {trainers} trainers" if role == "actor" else ""
                 logger.info(
                     f"{role}.scheduling_spec cpu={spec.cpu} > {cores} cores here: "
-                    f"using {cores} threads"
+                    f"using {share} threads{each}"
                 )
-                spec.cpu = cores
+                spec.cpu = share
 
 
 def make_scheduler(cfg, run_dir: str | Path):

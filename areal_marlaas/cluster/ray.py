@@ -204,7 +204,9 @@ class MARLaaSRayScheduler(RayScheduler):
 
     def create_workers(self, job, *args, **kwargs) -> list[str]:
         role = job.role
-        field = SPEC_FIELDS.get(role, f"{role}.scheduling_spec")
+        # Trainer workers past the first are roles actor1, actor2, ...
+        base = role.rstrip("0123456789")
+        field = SPEC_FIELDS.get(base, f"{base}.scheduling_spec")
         try:
             ids = super().create_workers(job, *args, **kwargs)
         except ray.exceptions.GetTimeoutError as e:

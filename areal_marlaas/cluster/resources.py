@@ -26,18 +26,21 @@ class Demand:
 
 
 def demands(cfg) -> list[Demand]:
-    """Every worker ``marlaas train`` creates: the trainer's ranks (one shared
-    placement group) and one rollout worker per server (one group each; the
+    """Every worker ``marlaas train`` creates: each trainer worker's ranks (one
+    shared placement group each) and one rollout worker per server (one group each; the
     rollout controller multiplies its spec by the tp x pp instance size)."""
     out: list[Demand] = []
     world = ModelAllocation.from_str(cfg.actor.backend, name="actor").parallel
     specs = cfg.actor.scheduling_spec
-    for rank in range(world.world_size):
-        i = rank if len(specs) == world.world_size else 0
-        s = specs[i]
-        out.append(
-            Demand(f"actor.scheduling_spec.{i}", "trainer worker", s.cpu, s.mem, s.gpu)
-        )
+    for _ in range(cfg.scheduler.trainers):
+        for rank in range(world.world_size):
+            i = rank if len(specs) == world.world_size else 0
+            s = specs[i]
+            out.append(
+                Demand(
+                    f"actor.scheduling_spec.{i}", "trainer worker", s.cpu, s.mem, s.gpu
+                )
+            )
     par = ModelAllocation.from_str(cfg.rollout.backend).parallel
     size = par.tp_size * par.pp_size
     s = cfg.rollout.scheduling_spec[0]

@@ -180,7 +180,7 @@ class MARLaaSConfig(GRPOConfig):
     actor: PPOActorConfig = field(
         default_factory=lambda: PPOActorConfig(**_ACTOR_DEFAULTS),
         metadata={
-            "help": "AReaL's PPO actor (the one trainer). Defaults differ from "
+            "help": "AReaL's PPO actor (each trainer worker). Defaults differ from "
             "AReaL's: LoRA rank 8 on all linear layers, float32, sdpa, disk weight "
             "updates, one optimizer step per batch, no KL (no reference model)."
         },

@@ -44,6 +44,17 @@ class MARLaaSSchedulerConfig(SchedulerConfig):
             "choices": list(TRAIN_ORDERS),
         },
     )
+    trainers: int = field(
+        default=1,
+        metadata={
+            "help": "Trainer workers, each a whole FSDP engine with its own AReaL "
+            "role (actor, actor1, ...). A task is placed on the worker holding the "
+            "fewest tasks when it arrives and trains only there (its optimizer "
+            "state lives there); a free worker takes the first queued batch placed "
+            "on it. >1 needs scheduler.type=local|ray|slurm; local workers share "
+            "this machine's cores equally.",
+        },
+    )
     max_concurrent_rollouts: int = field(
         default=0,
         metadata={"help": "Most tasks rolling out at once; 0 = no cap."},
@@ -123,6 +134,14 @@ class MARLaaSSchedulerConfig(SchedulerConfig):
             raise ConfigError(
                 f"scheduler.train_order must be one of {list(TRAIN_ORDERS)}, got "
                 f"{self.train_order!r}."
+            )
+        if self.trainers < 1:
+            raise ConfigError(f"scheduler.trainers must be >= 1, got {self.trainers}.")
+        if self.trainers > 1 and self.type is None:
+            raise ConfigError(
+                f"scheduler.trainers={self.trainers} runs trainer workers: set "
+                "scheduler.type=local (or ray|slurm), or scheduler.trainers=1 for "
+                "the in-process trainer."
             )
         if self.max_concurrent_rollouts < 0:
             raise ConfigError(

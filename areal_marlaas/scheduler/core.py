@@ -28,6 +28,12 @@ for at most the batch in training and the other newcomers' first batches, not
 for every running task's next step. Each task jumps the queue once, so no batch
 waits behind more than one first batch per task.
 
+Trainers: ``trainers`` steps may run at once, one per trainer. A task submitted
+with a ``trainer`` trains only there (that trainer holds its weights and optimizer
+state); a free trainer takes the first batch in the queue's order that may run on
+it, so a batch whose trainer is busy lets the next one through to a free trainer.
+A task has one batch at a time, so its steps stay in version order.
+
 Admission: a task starts a rollout only while the KV footprint of the tasks rolling
 out (or the server's reported usage, whichever is larger) plus its own stays within
 ``kv_budget``, and fewer than ``max_rolling`` tasks roll out. Waiting tasks go by
@@ -68,6 +74,9 @@ class Submitted:
     version: int = 0  # resume starts from the committed version
     kv_bytes: int = 0  # KV footprint of one rollout batch (admission)
     priority: int = 0  # higher is admitted first
+    # The trainer holding the task's weights and optimizer state: its steps run
+    # there only. None: any free trainer (state that moves with the batch).
+    trainer: int | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +167,7 @@ class StartRollout:
 class StartTrain:
     task: str
     version: int  # the version the batch was generated with
+    trainer: int = 0  # which trainer runs the step
 
 
 @dataclass(frozen=True)
@@ -221,6 +231,7 @@ class TaskState:
     errors: int = 0  # failures at the current version (reset by a commit)
     held: str = ""  # why it is waiting, once a HoldRollout was emitted
     stop: str = ""  # "pause" or "cancel", asked while a phase was in flight
+    trainer: int | None = None  # see Submitted.trainer
 
     @property
     def active(self) -> bool:
@@ -232,12 +243,12 @@ class SchedulerCore:
     mode: str = "async"
     kv_budget: int | None = None  # bytes; None = unlimited
     max_rolling: int | None = None  # tasks rolling out at once; None = unlimited
-    trainers: int = 1  # train slots fed by the FIFO queue
+    trainers: int = 1  # trainers fed by the one queue
     task_retries: int = 0  # retries of a failed phase per version
     train_order: str = "fifo"  # or "first_steps" (see the module docstring)
     tasks: dict[str, TaskState] = field(default_factory=dict)
     train_queue: deque[str] = field(default_factory=deque)
-    training: set[str] = field(default_factory=set)
+    training: dict[str, int] = field(default_factory=dict)  # task -> trainer
     live_kv: int = 0  # what the server last reported in use
 
     def __post_init__(self):
@@ -306,7 +317,7 @@ class SchedulerCore:
         if isinstance(event, TrainDone):
             if task.name not in self.training or event.version != task.version + 1:
                 raise ProtocolError(f"{event} while training {sorted(self.training)}")
-            self.training.discard(task.name)
+            del self.training[task.name]
             task.version = event.version
             task.steps_done += 1
             task.errors = 0
@@ -322,6 +333,11 @@ class SchedulerCore:
     def _submitted(self, event: Submitted) -> list[Action]:
         if event.task in self.tasks:
             raise ProtocolError(f"task {event.task!r} submitted twice")
+        if event.trainer is not None and not 0 <= event.trainer < self.trainers:
+            raise ProtocolError(
+                f"task {event.task!r} placed on trainer {event.trainer}, but there "
+                f"are {self.trainers}"
+            )
         if self.kv_budget is not None and event.kv_bytes > self.kv_budget:
             raise AdmissionError(
                 f"task {event.task!r}: one rollout batch needs "
@@ -337,6 +353,7 @@ class SchedulerCore:
             kv_bytes=event.kv_bytes,
             priority=event.priority,
             order=len(self.tasks),
+            trainer=event.trainer,
         )
         task.steps_done = event.version  # one committed version per step
         self.tasks[event.task] = task
@@ -459,23 +476,32 @@ class SchedulerCore:
 
     def _next_train(self) -> list[Action]:
         actions: list[Action] = []
-        while len(self.training) < self.trainers and self.train_queue:
-            task = self.tasks[self._next_in_queue()]
+        free = [i for i in range(self.trainers) if i not in self.training.values()]
+        for name in self._queue_order():
+            if not free:
+                break
+            task = self.tasks[name]
             if not self._may_train(task):
                 break
+            slot = free[0] if task.trainer is None else task.trainer
+            if slot not in free:
+                continue  # its trainer is busy; a batch for a free one may go
+            free.remove(slot)
             self.train_queue.remove(task.name)
             task.phase = Phase.TRAIN
-            self.training.add(task.name)
-            actions.append(StartTrain(task.name, task.version))
+            self.training[task.name] = slot
+            actions.append(StartTrain(task.name, task.version, slot))
         return actions
 
-    def _next_in_queue(self) -> str:
-        if self.train_order == "first_steps":
-            for name in self.train_queue:
-                task = self.tasks[name]
-                if task.version == task.start_version:
-                    return name
-        return self.train_queue[0]
+    def _queue_order(self) -> list[str]:
+        """The queue in the order trainers take it (see the module docstring)."""
+        queue = list(self.train_queue)
+        if self.train_order != "first_steps":
+            return queue
+        first = [
+            n for n in queue if self.tasks[n].version == self.tasks[n].start_version
+        ]
+        return first + [n for n in queue if n not in first]
 
     # -- failures ---------------------------------------------------------------
     def _error(self, task: TaskState, reason: str) -> list[Action]:
@@ -500,7 +526,7 @@ class SchedulerCore:
     def _drop_batch(self, task: TaskState) -> None:
         if task.name in self.train_queue:
             self.train_queue.remove(task.name)
-        self.training.discard(task.name)
+        self.training.pop(task.name, None)
 
     def _fail(self, task: TaskState, reason: str) -> list[Action]:
         self._drop_batch(task)

@@ -149,8 +149,12 @@ class Runtime:
         self.tasks = {t.name: t for t in tasks}
         self.rollout = rollout
         self.trainer = trainer
+        # Several trainers (train.pool.TrainerPool): a task trains on the one
+        # that holds its state; each trainer has its own thread.
+        self.trainer_count = int(getattr(trainer, "count", 1))
         self.store = store
         self.core = SchedulerCore(
+            trainers=self.trainer_count,
             mode=opts.mode,
             kv_budget=opts.kv_budget,
             max_rolling=opts.max_rolling,
@@ -161,14 +165,17 @@ class Runtime:
         self._workers = ThreadPoolExecutor(
             max(opts.max_tasks, len(tasks)) + 1, "marlaas-task"
         )
-        self._trainer = ThreadPoolExecutor(1, "marlaas-trainer")
+        self._trainers = [
+            ThreadPoolExecutor(1, f"marlaas-trainer{i}")
+            for i in range(self.trainer_count)
+        ]
         self.started_at = 0.0
         self.rejected: dict[str, str] = {}  # tasks refused at submission
         self.holds = 0
         self.kv_peak_reported = 0
         self._started: set[str] = set()  # tasks that began rolling out here
-        self._busy_since: float | None = None
-        self.train_busy_s = 0.0  # trainer busy time, for utilization gauges
+        self.train_busy_s = 0.0  # trainers' busy time (summed), for gauges
+        self._busy_lock = threading.Lock()
         self._rolling = 0  # rollout phases in flight (elastic placement reads it)
         self._rolling_lock = threading.Lock()
 
@@ -186,10 +193,40 @@ class Runtime:
     def resume(self, task: str) -> None:
         self.events.put(Resume(task))
 
-    def on_trainer(self, fn: Callable, *args) -> Future:
-        """Run ``fn`` on the trainer's thread (between training steps): adding a
-        task to the engine must never overlap a step of another."""
-        return self._trainer.submit(fn, *args)
+    def on_trainer(self, fn: Callable, *args, trainer: int = 0) -> Future:
+        """Run ``fn`` on trainer ``trainer``'s thread (between its training
+        steps): adding a task to an engine must never overlap a step of another."""
+        return self._trainers[trainer].submit(fn, *args)
+
+    def place(self, task: str) -> int:
+        """The trainer that will hold ``task`` (placed now if it is new)."""
+        place = getattr(self.trainer, "place", None)
+        return 0 if place is None else int(place(task))
+
+    def unplace(self, task: str) -> None:
+        """Undo ``place`` for a task whose set-up failed."""
+        unplace = getattr(self.trainer, "unplace", None)
+        if unplace is not None:
+            unplace(task)
+
+    def _trainer_of(self, task: str) -> int | None:
+        trainer_of = getattr(self.trainer, "trainer_of", None)
+        return None if trainer_of is None else int(trainer_of(task))
+
+    def _submitted(self, t: TaskRun) -> Submitted:
+        return Submitted(
+            t.name,
+            t.total_steps,
+            t.start_version,
+            t.kv_bytes,
+            t.priority,
+            trainer=self._trainer_of(t.name),
+        )
+
+    def _shutdown(self) -> None:
+        self._workers.shutdown(wait=True)
+        for trainer in self._trainers:
+            trainer.shutdown(wait=True)
 
     @property
     def rollouts_running(self) -> int:
@@ -206,11 +243,8 @@ class Runtime:
         self.started_at = time.time()
         for t in self.tasks.values():
             t.submitted_at = t.ready_at = time.time()
-            event = Submitted(
-                t.name, t.total_steps, t.start_version, t.kv_bytes, t.priority
-            )
             try:
-                actions = self.core.handle(event)
+                actions = self.core.handle(self._submitted(t))
             except AdmissionError as e:  # refused alone; the others still run
                 self._reject(t, str(e))
                 continue
@@ -219,8 +253,7 @@ class Runtime:
             while self.core.tasks and not self.core.finished():
                 self._handle(self._next_event())
         finally:
-            self._workers.shutdown(wait=True)
-            self._trainer.shutdown(wait=True)
+            self._shutdown()
         return self.summary(time.time() - self.started_at)
 
     def serve(self, stop: threading.Event, poll_s: float = 0.5) -> dict[str, Any]:
@@ -242,8 +275,7 @@ class Runtime:
                 if event is not None:
                     self._handle(event)
         finally:
-            self._workers.shutdown(wait=True)
-            self._trainer.shutdown(wait=True)
+            self._shutdown()
         return self.summary(time.time() - self.started_at)
 
     def _handle(self, event) -> None:
@@ -252,11 +284,7 @@ class Runtime:
             self.tasks[t.name] = t
             t.submitted_at = t.ready_at = time.time()
             try:
-                actions = self.core.handle(
-                    Submitted(
-                        t.name, t.total_steps, t.start_version, t.kv_bytes, t.priority
-                    )
-                )
+                actions = self.core.handle(self._submitted(t))
             except AdmissionError as e:
                 self._reject(t, str(e))
                 if self.options.on_status is not None:
@@ -337,7 +365,9 @@ class Runtime:
             self._admission(action.task, action.version, "hold", action.reason)
             self._status(action.task, "held", action.reason)
         elif isinstance(action, StartTrain):
-            self._trainer.submit(self._guard, action.task, self._train, action)
+            self._trainers[action.trainer].submit(
+                self._guard, action.task, self._train, action
+            )
         elif isinstance(action, StartPublish):
             self._workers.submit(self._guard, action.task, self._publish, action)
         elif isinstance(action, TaskPaused):
@@ -372,7 +402,8 @@ class Runtime:
         t = self.tasks[task]
         t.batch = None
         if hasattr(self.trainer, "remove_task"):
-            self._trainer.submit(self._quietly, self.trainer.remove_task, task)
+            thread = self._trainers[self._trainer_of(task) or 0]
+            thread.submit(self._quietly, self.trainer.remove_task, task)
         if hasattr(self.rollout, "remove_task"):
             self._workers.submit(self._quietly, self.rollout.remove_task, task)
 
@@ -439,12 +470,11 @@ class Runtime:
     def _train(self, a: StartTrain) -> TrainDone:
         t = self.tasks[a.task]
         start = time.time()
-        self._busy_since = start
         try:
             return self._train_step(a, t, start)
         finally:
-            self.train_busy_s += time.time() - start
-            self._busy_since = None
+            with self._busy_lock:
+                self.train_busy_s += time.time() - start
 
     def _train_step(self, a: StartTrain, t: TaskRun, start: float) -> TrainDone:
         self.store.event(a.task, a.version, "queue", t.rollout_end, start)
@@ -471,6 +501,7 @@ class Runtime:
             "n_trajectories": int(rewards.numel()),
             "trained_tokens": trajectory.generated_tokens(batch),
             "queue_wait_s": start - t.rollout_end,
+            "trainer": a.trainer,
             "train_s": end - start,
             "t_commit": end,
             "loss": stats.get(f"marlaas/{a.task}/ppo_actor/update/actor_loss/avg"),
@@ -552,6 +583,7 @@ class Runtime:
             }
         return {
             "mode": self.options.mode,
+            "trainers": self.trainer_count,
             "wall_s": wall,
             "train_steps_per_hour": steps / wall * 3600 if wall > 0 else 0.0,
             "kv_budget": self.core.kv_budget,

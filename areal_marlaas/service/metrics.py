@@ -71,7 +71,7 @@ class ServiceMetrics:
         )
         self.trainer_busy = Gauge(
             "marlaas_trainer_busy_fraction",
-            "Fraction of recent wall time the trainer spent training.",
+            "Fraction of recent wall time the trainers spent training (their mean).",
             registry=self.registry,
         )
         self.kv_usage = Gauge(

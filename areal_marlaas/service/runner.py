@@ -287,7 +287,7 @@ class ServiceRunner(MultiTaskTrainer):
         runtime = self.runtime
         grading = self.cfg.grading.to_dict()
 
-        def add():  # on the trainer's thread: never beside a training step
+        def add():  # on its trainer's thread: never beside a step there
             return add_tenant(
                 self.engine,
                 spec,
@@ -300,8 +300,9 @@ class ServiceRunner(MultiTaskTrainer):
             )
 
         try:
-            task = runtime.on_trainer(add).result()
+            task = runtime.on_trainer(add, trainer=runtime.place(spec.name)).result()
         except Exception as e:
+            runtime.unplace(spec.name)
             self.jobs.fail_job(
                 job.id, "setup_failed", f"{type(e).__name__}: {e}", "training_file"
             )
@@ -324,7 +325,8 @@ class ServiceRunner(MultiTaskTrainer):
         now, busy = time.monotonic(), self.runtime.train_busy_s
         t0, b0 = self._busy_mark
         if now - t0 >= 5:
-            self.metrics.set_trainer_busy(min(1.0, (busy - b0) / (now - t0)))
+            share = (busy - b0) / (now - t0) / self.runtime.trainer_count
+            self.metrics.set_trainer_busy(min(1.0, share))
             self._busy_mark = (now, busy)
             try:
                 m = scrape(self.session.addresses[0], timeout=2)

@@ -32,6 +32,7 @@ from areal_marlaas.tools.local_search import stop_local_search_servers
 from areal_marlaas.train import screen
 from areal_marlaas.train.elastic import ElasticCores, ElasticTrainBackend
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
+from areal_marlaas.train.pool import TrainerPool, trainer_role
 from areal_marlaas.workflows import task_workflow
 from areal_marlaas.workflows.reward import IsolatedReward
 
@@ -164,13 +165,27 @@ class MultiTaskTrainer:
             engine.create_process_group()
             engine.initialize(None, ft_spec)
         else:
-            alloc = ModelAllocation.from_str(cfg.actor.backend, name="actor")
-            engine = MultiLoRAFSDPPPOActor.as_controller(cfg.actor, self.scheduler)
-            # The driver's own one-rank gloo group prints a line past logging.
-            with screen.native_stdout_muted(not cfg.verbose):
-                engine.create_process_group(parallel_strategy=alloc.parallel)
-            engine.initialize(addr=None, ft_spec=ft_spec, role="actor")
+            engines = []
+            try:
+                for i in range(cfg.scheduler.trainers):
+                    engines.append(self._trainer_worker(trainer_role(i), ft_spec))
+            except BaseException:
+                for e in engines:
+                    e.destroy()
+                raise
+            engine = engines[0] if len(engines) == 1 else TrainerPool(engines)
         self.timings["trainer_init_s"] = time.monotonic() - t0
+        return engine
+
+    def _trainer_worker(self, role: str, ft_spec: FinetuneSpec):
+        """One trainer worker (AReaL's controller and its ranks) as ``role``."""
+        cfg = self.cfg
+        alloc = ModelAllocation.from_str(cfg.actor.backend, name="actor")
+        engine = MultiLoRAFSDPPPOActor.as_controller(cfg.actor, self.scheduler)
+        # The driver's own one-rank gloo group prints a line past logging.
+        with screen.native_stdout_muted(not cfg.verbose):
+            engine.create_process_group(parallel_strategy=alloc.parallel)
+        engine.initialize(addr=None, ft_spec=ft_spec, role=role)
         return engine
 
     def _prepare_tasks(self, engine) -> list[TaskRun]:
