@@ -266,6 +266,21 @@ def test_bench_schedulers_accept_a_bare_null(bench_yaml):
     assert "async" in labels and "async@local" in labels
 
 
+def test_two_trainers_ablation_runs_on_the_local_scheduler(bench_yaml):
+    """Its baseline is async@local: the same trainer-worker placement."""
+    from areal_marlaas.bench.plan import plan_runs
+    from areal_marlaas.bench.run import load_bench_config
+
+    argv = ["--config", str(bench_yaml), "bench.modes=[async]"]
+    argv += ["bench.schedulers=[local]", "bench.ablations=[two_trainers]"]
+    bench, cfg, _, _ = load_bench_config(argv + ["bench.concurrency=[]"])
+    plans = {p.label: p for p in plan_runs(bench, cfg)}
+    assert sorted(plans) == ["async@local", "async_two_trainers"]
+    two = plans["async_two_trainers"]
+    assert (two.scheduler, two.overrides) == ("local", {"scheduler.trainers": "2"})
+    assert plans["async@local"].placement == two.placement
+
+
 def test_bench_config_unknown_task_lists_names(bench_yaml):
     from areal_marlaas.bench.plan import plan_runs
     from areal_marlaas.bench.run import load_bench_config

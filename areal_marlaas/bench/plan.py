@@ -69,9 +69,17 @@ def plan_runs(bench: BenchConfig, cfg: MARLaaSConfig) -> list[RunPlan]:
                 RunPlan(label, mode, placement, tasks, "mode", scheduler=sched)
             )
     for name in bench.ablations:
-        mode, extra = ABLATIONS[name]
+        mode, extra, sched = ABLATIONS[name]
         plans.append(
-            RunPlan(f"{mode}_{name}", mode, "disaggregated", tasks, "ablation", extra)
+            RunPlan(
+                f"{mode}_{name}",
+                mode,
+                "disaggregated",
+                tasks,
+                "ablation",
+                extra,
+                scheduler=sched,
+            )
         )
     for k in sorted({int(c) for c in bench.concurrency}):
         if k == n and bench.sweep_mode in bench.modes:

@@ -11,10 +11,12 @@ from areal_marlaas.scheduler.core import MODES
 # How the trainer runs in a bench run: in the bench's subprocess, or as AReaL
 # LocalScheduler workers (marlaas train's default placement).
 SCHEDULERS = ("null", "local")
-# ablation -> (mode, extra train overrides; {server_cpus} = bench.server_cpus)
-ABLATIONS: dict[str, tuple[str, dict[str, str]]] = {
-    "no_multi_lora": ("async", {"scheduler.multi_lora": "false"}),
-    "elastic": ("async", {"scheduler.elastic_cpus": "'{server_cpus}'"}),
+# ablation -> (mode, extra train overrides, trainer placement; {server_cpus} =
+# bench.server_cpus). Compare each with its mode run on the same placement.
+ABLATIONS: dict[str, tuple[str, dict[str, str], str]] = {
+    "no_multi_lora": ("async", {"scheduler.multi_lora": "false"}, "null"),
+    "elastic": ("async", {"scheduler.elastic_cpus": "'{server_cpus}'"}, "null"),
+    "two_trainers": ("async", {"scheduler.trainers": "2"}, "local"),
 }
 
 
@@ -45,8 +47,9 @@ class BenchConfig:
         metadata={
             "help": f"Ablation runs, of {list(ABLATIONS)} (no_multi_lora: async "
             "with one adapter per server batch; elastic: async whose trainer "
-            "borrows the server's cores while no rollout runs). Without "
-            "asynchrony = mode sync."
+            "borrows the server's cores while no rollout runs; two_trainers: "
+            "async with scheduler.trainers=2 as LocalScheduler workers, to "
+            "compare with async@local). Without asynchrony = mode sync."
         },
     )
     concurrency: list[int] = field(
