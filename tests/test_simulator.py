@@ -87,6 +87,16 @@ def test_two_trainers_train_in_parallel():
     assert r.wall_s == pytest.approx(16.0)
 
 
+def test_a_task_waits_for_its_own_trainer_while_the_other_idles():
+    # a and c are placed on trainer 0, b on trainer 1; b's tool calls take 10 s.
+    # a trains 4-7; c, ready at 4, waits for trainer 0 (7-10) although trainer
+    # 1 idles until b is ready at 14 (trains 14-17, publishes 17-18).
+    tasks = [SimTask("a", 1, 4), SimTask("b", 1, 4, env_s=10.0), SimTask("c", 1, 4)]
+    r = simulate(tasks, fixed(), "async", trainers=2)
+    assert commits(r) == {"a": [7.0], "c": [10.0], "b": [17.0]}
+    assert r.wall_s == pytest.approx(18.0)
+
+
 def test_processor_sharing_batch_slows_with_company():
     m = LatencyModels(RolloutModel(work_s=1.0, beta=0.5), train_intercept_s=1.0)
     alone = simulate([SimTask("a", 1, 4)], m, "async")

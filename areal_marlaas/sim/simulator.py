@@ -3,7 +3,9 @@ phase latencies instead of a server and a trainer.
 
 Rollouts run on ``rollout_devices`` processor-sharing servers (``RolloutModel``;
 a new batch goes to the device with the fewest sequences in flight); the core's
-``trainers`` train slots each take ``LatencyModels.train_s``; while both run,
+``trainers`` trainers each take ``LatencyModels.train_s`` per step, each task's
+steps on the one it was placed on (round robin, as ``marlaas train`` places
+them); while both run,
 train steps and generation slow by their contention factors; publish is a fixed
 delay, and a task's env (tool-call) time a fixed delay after its batch's
 generation, off the server. The simulator writes the same phase records and step records
@@ -202,12 +204,14 @@ def simulate(
             elif type(a).__name__ == "HoldRollout":
                 result.holds += 1
 
-    for t in tasks:
-        dispatch(
-            core.handle(
-                Submitted(t.name, t.steps, kv_bytes=t.kv_bytes, priority=t.priority)
-            )
+    for i, t in enumerate(tasks):
+        # Placed as marlaas train places them (train.pool.TrainerPool): on the
+        # trainer holding the fewest tasks, i.e. round robin in submission order.
+        trainer = i % trainers if trainers > 1 else None
+        submitted = Submitted(
+            t.name, t.steps, kv_bytes=t.kv_bytes, priority=t.priority, trainer=trainer
         )
+        dispatch(core.handle(submitted))
 
     def trained(task: str, v: int) -> None:
         event(task, v - 1, "train", train_start[task], now)
