@@ -210,8 +210,9 @@ class Runtime:
             unplace(task)
 
     def _trainer_of(self, task: str) -> int | None:
+        """The trainer holding ``task``; None: any (one trainer, or unknown)."""
         trainer_of = getattr(self.trainer, "trainer_of", None)
-        return None if trainer_of is None else int(trainer_of(task))
+        return None if trainer_of is None else trainer_of(task)
 
     def _submitted(self, t: TaskRun) -> Submitted:
         return Submitted(

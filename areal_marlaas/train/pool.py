@@ -8,6 +8,7 @@ free worker the first queued batch placed on it. The pool owns the placement."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ class TrainerPool:
             raise ValueError("a trainer pool needs at least one engine")
         self.engines = list(engines)
         self._placed: dict[str, int] = {}
+        # Placed from the service's admission thread, removed from trainers'.
+        self._lock = threading.Lock()
 
     @property
     def count(self) -> int:
@@ -33,35 +36,41 @@ class TrainerPool:
     def place(self, name: str) -> int:
         """The worker holding ``name``; a new task goes to the one holding the
         fewest tasks (the lowest index on a tie)."""
-        if name not in self._placed:
-            load = [0] * self.count
-            for i in self._placed.values():
-                load[i] += 1
-            self._placed[name] = load.index(min(load))
-        return self._placed[name]
+        with self._lock:
+            if name not in self._placed:
+                load = [0] * self.count
+                for i in self._placed.values():
+                    load[i] += 1
+                self._placed[name] = load.index(min(load))
+            return self._placed[name]
 
     def unplace(self, name: str) -> None:
         """Forget a placement whose task never arrived (its set-up failed)."""
-        self._placed.pop(name, None)
+        with self._lock:
+            self._placed.pop(name, None)
 
-    def trainer_of(self, name: str) -> int:
-        return self._placed[name]
+    def trainer_of(self, name: str) -> int | None:
+        with self._lock:
+            return self._placed.get(name)
 
     def engine_of(self, name: str):
-        return self.engines[self.trainer_of(name)]
+        index = self.trainer_of(name)
+        if index is None:
+            raise KeyError(f"task {name!r} is on no trainer worker (never added)")
+        return self.engines[index]
 
     def add_task(self, name: str, **kwargs: Any) -> None:
         try:
             self.engines[self.place(name)].add_task(name, **kwargs)
         except BaseException:
-            self._placed.pop(name, None)  # not held anywhere
+            self.unplace(name)  # not held anywhere
             raise
 
     def remove_task(self, name: str) -> None:
         try:
             self.engine_of(name).remove_task(name)
         finally:
-            self._placed.pop(name, None)
+            self.unplace(name)
 
     def train_task(self, name: str, batch: list[dict[str, Any]]) -> dict[str, Any]:
         out = self.engine_of(name).train_task(name, batch)
