@@ -123,6 +123,15 @@ def test_trainer_bound_and_elastic_cores_exact_numbers(run_dir):
     assert m["borrowed_share"] == pytest.approx(0.5)
 
 
+def test_trainer_bound_with_two_trainers_is_the_busiest_ones(run_dir):
+    # a on trainer 0 (10 + 10 s of training), b on trainer 1 (10 + 9 s).
+    placed = [{**s, "trainer": 0 if s["task"] == "a" else 1} for s in STEPS]
+    (run_dir / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in placed))
+    m = run_metrics(load_run(run_dir), SAMPLES, cores=(1, 1, 2))
+    assert m["trainer_bound_s"] == pytest.approx(10.0 + 20.0)
+    assert m["bound_efficiency"] == pytest.approx(30 / 51)
+
+
 def test_run_metrics_without_summary_uses_window(run_dir):
     (run_dir / "summary.json").unlink()
     m = run_metrics(load_run(run_dir))

@@ -209,6 +209,48 @@ def test_two_ray_nodes_trainer_and_rollout_on_different_nodes(tmp_path, monkeypa
         cluster.shutdown()
 
 
+def test_two_trainer_workers_under_ray(tmp_path, vllm_server, monkeypatch):
+    """scheduler.trainers=2: two trainer roles (actor, actor1), each its own Ray
+    actor and placement group, each task trained on the worker it was placed
+    on; a head with the 3 logical CPUs the three workers ask."""
+    from ray.cluster_utils import Cluster
+
+    monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
+    dash = free_port()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 3,
+            "num_gpus": 0,
+            "memory": 4 * GIB,
+            "include_dashboard": True,
+            "dashboard_port": dash,
+        },
+    )
+    try:
+        head = Head(cluster.address, f"http://127.0.0.1:{dash}")
+        argv = [*small_run(tmp_path, vllm_server.address, "two"), "scheduler.type=ray"]
+        argv += [f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}"]
+        argv += [*SMALL, "scheduler.trainers=2"]
+
+        proc, wall = marlaas_train(argv, head.env())
+
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        run = tmp_path / "marlaas-quickstart" / "two"
+        check_run_dir(run)
+        created = workers(head)
+        assert set(created) == {"actor/0", "actor1/0", "rollout/0"}, created
+        steps = [json.loads(x) for x in (run / "steps.jsonl").read_text().splitlines()]
+        placed = {s["task"]: s["trainer"] for s in steps}
+        assert placed == {"add2": 0, "mul1": 1, "add1": 0}
+        assert all(s["trainer"] == placed[s["task"]] for s in steps)
+        groups = state("placement_groups", head)
+        assert len(groups) == 3 and all(g.state == "REMOVED" for g in groups)
+        print(f"two trainer workers under Ray: {wall:.1f}s")
+    finally:
+        cluster.shutdown()
+
+
 def test_job_service_with_its_trainer_under_ray(tmp_path, ray_head, monkeypatch):
     from .test_service_e2e import (
         BASE,

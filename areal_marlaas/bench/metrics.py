@@ -195,12 +195,20 @@ def memory_peaks(samples: list[dict[str, float]]) -> dict[str, float]:
 def trainer_bound(
     phases: list[dict[str, Any]], steps: list[dict[str, Any]], t0: float, span: float
 ) -> dict[str, float]:
-    """The one-trainer bound: no run can end before its first rollout is back
-    plus every train phase done one after another (at the speed they ran);
-    efficiency = bound / window. Plus the trainer's mean cores (elastic steps
-    record theirs; weighted by train time)."""
+    """The trainers' bound: no run can end before its first rollout is back
+    plus every train phase of the busiest trainer done one after another (at
+    the speed they ran; with one trainer, all of them); efficiency = bound /
+    window. A task's steps run on one trainer (``trainer`` in its step records,
+    0 when absent). Plus the trainer's mean cores (elastic steps record theirs;
+    weighted by train time)."""
     rollouts = [e["end"] for e in phases if e["phase"] == "rollout"]
-    train = sum(e["end"] - e["start"] for e in phases if e["phase"] == "train")
+    trainer_of = {s["task"]: s.get("trainer") or 0 for s in steps}
+    per_trainer: dict[int, float] = {}
+    for e in phases:
+        if e["phase"] == "train":
+            k = trainer_of.get(e["task"], 0)
+            per_trainer[k] = per_trainer.get(k, 0.0) + e["end"] - e["start"]
+    train = max(per_trainer.values(), default=0.0)
     out: dict[str, float] = {}
     if rollouts and span > 0:
         bound = min(rollouts) - t0 + train

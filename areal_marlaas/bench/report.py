@@ -51,6 +51,8 @@ def compact_run(
     with open(dest / "steps.jsonl", "w") as f:
         for s in run["steps"]:
             rec = {k: s.get(k) for k in _STEP_KEYS}
+            if s.get("trainer"):  # several trainer workers
+                rec["trainer"] = s["trainer"]
             for k in ("cores_mean", "borrowed_s"):  # pinned in-process trainers
                 if isinstance(s.get(k), float):
                     rec[k] = round(s[k], 3)
@@ -165,6 +167,7 @@ def aggregate(result: dict[str, Any]) -> list[dict[str, Any]]:
             "config": config,
             "mode": first["mode"],
             "scheduler": first.get("scheduler", "null"),
+            "trainers": int(first.get("overrides", {}).get("scheduler.trainers", 1)),
             "placement": first["placement"],
             "tenants": first["tenants"],
             "ok": len(ok),
@@ -280,7 +283,8 @@ def format_markdown(result: dict[str, Any]) -> str:
         cells = [
             row["config"],
             row["mode"],
-            "LocalScheduler" if row["scheduler"] == "local" else "in-process",
+            ("LocalScheduler" if row["scheduler"] == "local" else "in-process")
+            + (f" x{row['trainers']}" if row["trainers"] > 1 else ""),
             str(row["tenants"]),
             f"{row['ok']}/{row['n']}",
             *(row[h] for h in headers),
