@@ -477,6 +477,8 @@ class SchedulerCore:
     def _next_train(self) -> list[Action]:
         actions: list[Action] = []
         free = [i for i in range(self.trainers) if i not in self.training.values()]
+        if not free or not self.train_queue:
+            return actions
         for name in self._queue_order():
             if not free:
                 break
@@ -501,7 +503,10 @@ class SchedulerCore:
         first = [
             n for n in queue if self.tasks[n].version == self.tasks[n].start_version
         ]
-        return first + [n for n in queue if n not in first]
+        rest = [
+            n for n in queue if self.tasks[n].version != self.tasks[n].start_version
+        ]
+        return first + rest
 
     # -- failures ---------------------------------------------------------------
     def _error(self, task: TaskState, reason: str) -> list[Action]:
