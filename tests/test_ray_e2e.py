@@ -83,6 +83,25 @@ def ray_head(monkeypatch):
         subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
 
 
+def ray_cluster(cpus: int, memory_gib: int):
+    """A private Ray cluster's head with these logical resources and the
+    dashboard (for the state API); the caller shuts it down."""
+    from ray.cluster_utils import Cluster
+
+    dash = free_port()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": cpus,
+            "num_gpus": 0,
+            "memory": memory_gib * GIB,
+            "include_dashboard": True,
+            "dashboard_port": dash,
+        },
+    )
+    return cluster, Head(cluster.address, f"http://127.0.0.1:{dash}")
+
+
 def marlaas_train(argv: list[str], env: dict[str, str], timeout: float = 900):
     t0 = time.monotonic()
     proc = subprocess.run(
@@ -154,24 +173,11 @@ def test_quickstart_on_a_local_ray_head_matches_an_in_process_run(
 
 
 def test_two_ray_nodes_trainer_and_rollout_on_different_nodes(tmp_path, monkeypatch):
-    from ray.cluster_utils import Cluster
-
     monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
-    dash = free_port()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 1,
-            "num_gpus": 0,
-            "memory": 3 * GIB,
-            "include_dashboard": True,
-            "dashboard_port": dash,
-        },
-    )
+    cluster, head = ray_cluster(cpus=1, memory_gib=3)
     try:
         cluster.add_node(num_cpus=1, num_gpus=0, memory=3 * GIB)
         cluster.wait_for_nodes()
-        head = Head(cluster.address, f"http://127.0.0.1:{dash}")
         nodes = {n.node_id for n in state("nodes", head) if n.state == "ALIVE"}
         assert len(nodes) == 2
         # configs/ray.yaml: the rollout worker launches its vLLM server on its
@@ -213,22 +219,9 @@ def test_two_trainer_workers_under_ray(tmp_path, vllm_server, monkeypatch):
     """scheduler.trainers=2: two trainer roles (actor, actor1), each its own Ray
     actor and placement group, each task trained on the worker it was placed
     on; a head with the 3 logical CPUs the three workers ask."""
-    from ray.cluster_utils import Cluster
-
     monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
-    dash = free_port()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 3,
-            "num_gpus": 0,
-            "memory": 4 * GIB,
-            "include_dashboard": True,
-            "dashboard_port": dash,
-        },
-    )
+    cluster, head = ray_cluster(cpus=3, memory_gib=4)
     try:
-        head = Head(cluster.address, f"http://127.0.0.1:{dash}")
         argv = [*small_run(tmp_path, vllm_server.address, "two"), "scheduler.type=ray"]
         argv += [f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}"]
         argv += [*SMALL, "scheduler.trainers=2"]

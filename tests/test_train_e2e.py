@@ -65,6 +65,22 @@ def small_run(tmp_path, address: str, trial: str) -> list[str]:
     return ["--config", str(REPO / "configs" / "quickstart.yaml"), *overrides]
 
 
+def train_on_local_scheduler(tmp_path, address: str, trial: str, extra: list[str]):
+    """``marlaas train`` (its own process, the LocalScheduler default) on the
+    small run plus ``extra``; returns the process and its run directory."""
+    (tmp_path / "nr").mkdir()
+    argv = small_run(tmp_path, address, trial)
+    argv += [f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}", *extra]
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_marlaas.train", *argv],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
+    return proc, tmp_path / "marlaas-quickstart" / trial
+
+
 def check_run_dir(run, tasks: tuple[str, ...] = TASKS) -> None:
     """What steps.jsonl, events.jsonl and summary.json must show of ``tasks``."""
     # Every task committed versions 1 and 2, each trained on its own fresh data.
@@ -139,20 +155,13 @@ def test_marlaas_train_cli_on_areal_local_scheduler(tmp_path, vllm_server):
     tenant's reward raises: on this placement the rollout runs in an AReaL
     worker process, and the reward's error must still reach summary.json (not
     only "all rollouts failed") while the other tenants finish."""
-    (tmp_path / "nr").mkdir()
-    argv = small_run(tmp_path, vllm_server.address, "cli")
-    argv += [f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}"]
-    argv += ["tasks.1.reward_fn=tests.test_fault.raising_reward"]
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "areal_marlaas.train", *argv],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=REPO,
+    proc, run = train_on_local_scheduler(
+        tmp_path,
+        vllm_server.address,
+        "cli",
+        ["tasks.1.reward_fn=tests.test_fault.raising_reward"],
     )
 
-    run = tmp_path / "marlaas-quickstart" / "cli"
     path = run / "summary.json"
     assert path.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     check_run_dir(run, tasks=("add2", "add1"))
@@ -181,20 +190,10 @@ def test_two_trainer_workers_each_train_their_own_tasks(tmp_path, vllm_server):
     """scheduler.trainers=2 on the LocalScheduler: two trainer workers (roles
     actor and actor1), each task placed on one and trained only there, versions
     in order, and no batch waiting while its worker is idle."""
-    (tmp_path / "nr").mkdir()
-    argv = small_run(tmp_path, vllm_server.address, "two")
-    argv += [f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}"]
-    argv += ["scheduler.trainers=2"]
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "areal_marlaas.train", *argv],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=REPO,
+    proc, run = train_on_local_scheduler(
+        tmp_path, vllm_server.address, "two", ["scheduler.trainers=2"]
     )
 
-    run = tmp_path / "marlaas-quickstart" / "two"
     assert (run / "summary.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     check_run_dir(run)
     # Placed in arrival order on the worker holding the fewest tasks.
