@@ -26,10 +26,12 @@ def fit_threads_to_cores(cfg) -> None:
     for role, share in (("actor", max(1, cores // trainers)), ("rollout", cores)):
         for spec in getattr(cfg, role).scheduling_spec:
             if spec.cpu > share:
-                each = f" for each of {trainers} trainers" if role == "actor" else ""
+                split = ""
+                if role == "actor" and trainers > 1:
+                    split = f", shared by {trainers} trainer workers"
                 logger.info(
-                    f"{role}.scheduling_spec cpu={spec.cpu} > {cores} cores here: "
-                    f"using {share} threads{each}"
+                    f"{role}.scheduling_spec cpu={spec.cpu}, {cores} cores here"
+                    f"{split}: using {share} threads"
                 )
                 spec.cpu = share
 

@@ -27,8 +27,9 @@ class Demand:
 
 def demands(cfg) -> list[Demand]:
     """Every worker ``marlaas train`` creates: each trainer worker's ranks (one
-    shared placement group each) and one rollout worker per server (one group each; the
-    rollout controller multiplies its spec by the tp x pp instance size)."""
+    shared placement group per worker) and one rollout worker per server (one
+    group each; the rollout controller multiplies its spec by the tp x pp
+    instance size)."""
     out: list[Demand] = []
     world = ModelAllocation.from_str(cfg.actor.backend, name="actor").parallel
     specs = cfg.actor.scheduling_spec
