@@ -497,15 +497,12 @@ class SchedulerCore:
 
     def _queue_order(self) -> list[str]:
         """The queue in the order trainers take it (see the module docstring)."""
-        queue = list(self.train_queue)
         if self.train_order != "first_steps":
-            return queue
-        first = [
-            n for n in queue if self.tasks[n].version == self.tasks[n].start_version
-        ]
-        rest = [
-            n for n in queue if self.tasks[n].version != self.tasks[n].start_version
-        ]
+            return list(self.train_queue)
+        first, rest = [], []
+        for name in self.train_queue:
+            task = self.tasks[name]
+            (first if task.version == task.start_version else rest).append(name)
         return first + rest
 
     # -- failures ---------------------------------------------------------------

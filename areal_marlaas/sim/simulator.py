@@ -207,9 +207,12 @@ def simulate(
     for i, t in enumerate(tasks):
         # Placed as marlaas train places them (train.pool.TrainerPool): on the
         # trainer holding the fewest tasks, i.e. round robin in submission order.
-        trainer = i % trainers if trainers > 1 else None
         submitted = Submitted(
-            t.name, t.steps, kv_bytes=t.kv_bytes, priority=t.priority, trainer=trainer
+            t.name,
+            t.steps,
+            kv_bytes=t.kv_bytes,
+            priority=t.priority,
+            trainer=i % trainers,
         )
         dispatch(core.handle(submitted))
 

@@ -73,10 +73,11 @@ class TrainerPool:
             self.unplace(name)
 
     def train_task(self, name: str, batch: list[dict[str, Any]]) -> dict[str, Any]:
-        out = self.engine_of(name).train_task(name, batch)
+        engine = self.engine_of(name)
+        out = engine.train_task(name, batch)
         # Freed by the worker that fetched it (the runtime's own release call,
         # which names no task, is a no-op here).
-        self.engine_of(name).release_batch(batch)
+        engine.release_batch(batch)
         return out
 
     def release_batch(self, batch: list[dict[str, Any]]) -> None:
