@@ -6,6 +6,7 @@ reports the wrong version) that the real engines cannot be made to show."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from areal_marlaas.manager.data import TaskData
 from areal_marlaas.manager.store import RunStore
 from areal_marlaas.metrics.runlog import read_jsonl
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions, TaskRun
+from areal_marlaas.train.pool import TrainerPool
 from areal_marlaas.trajectory import failure
 
 
@@ -146,3 +148,59 @@ def test_every_mode_runs_two_tasks_to_the_end(tmp_path, mode):
 
     assert {t["status"] for t in summary["tasks"].values()} == {"done"}
     assert s.committed("a")["version"] == s.committed("b")["version"] == 2
+
+
+class Worker(Trainer):
+    def __init__(self):
+        super().__init__()
+        self.tasks: set[str] = set()
+
+    def add_task(self, name, **kwargs):
+        self.tasks.add(name)
+
+    def remove_task(self, name):
+        self.tasks.discard(name)
+
+
+class Releasing(Rollout):
+    def __init__(self):
+        super().__init__()
+        self.removed: list[str] = []
+
+    def remove_task(self, name):
+        self.removed.append(name)
+
+
+def test_a_task_refused_by_admission_in_the_service_frees_its_trainer_and_adapter(
+    tmp_path,
+):
+    # The service adds a job's task to its trainer worker before the core sees
+    # it; a refusal must not leave its weights, optimizer and placement behind.
+    pool = TrainerPool([Worker(), Worker()])
+    rollout = Releasing()
+    refused: list[tuple[str, str]] = []
+    options = RuntimeOptions(
+        kv_budget=100,
+        release_finished=True,
+        on_status=lambda name, status, why: refused.append((name, status)),
+    )
+    runtime = Runtime([], rollout, pool, store(tmp_path), options)
+    big = task("big")
+    big.kv_bytes = 1_000
+    pool.add_task("big")
+    assert pool.trainer_of("big") == 0
+    stop = threading.Event()
+    serving = threading.Thread(target=runtime.serve, args=(stop,))
+    serving.start()
+    runtime.add(big)
+    deadline = time.monotonic() + 10
+    while "big" not in rollout.removed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    serving.join(10)
+
+    assert refused == [("big", "failed")]
+    assert "could never be admitted" in runtime.rejected["big"]
+    assert rollout.removed == ["big"]
+    assert pool.trainer_of("big") is None
+    assert pool.engines[0].tasks == set()

@@ -290,6 +290,8 @@ class Runtime:
                 self._reject(t, str(e))
                 if self.options.on_status is not None:
                     self.options.on_status(t.name, "failed", str(e))
+                if self.options.release_finished:  # never runs: free what it holds
+                    self._release(t.name)
                 return
             self._dispatch_all(actions)
             return
