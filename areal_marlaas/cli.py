@@ -508,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=4, help="Samples per group")
     p.add_argument("--lens", default="50,90", help="Sequence lengths, min,max")
     p.add_argument("--prompt", type=int, default=30, help="Prompt tokens")
-    p.add_argument("--variants", default="engine,packed,masked_compiled")
+    p.add_argument("--variants", default="engine,engine_glibc_heap,masked_compiled")
     p.add_argument("--out", default="docs/results/train_step")
     p.set_defaults(fn=_bench_train_step)
 

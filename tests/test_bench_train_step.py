@@ -35,6 +35,7 @@ def test_summary_means_sds_and_speedups():
             "flops": 1e9,
             "achieved_gflops": 1 / s,
             "gemm_gflops": 10.0,
+            "page_faults": [100 * s],
         }
         for v, times in (("packed", (1.0, 3.0)), ("masked", (4.0, 4.0)))
         for s in times
@@ -45,6 +46,7 @@ def test_summary_means_sds_and_speedups():
     assert rows["packed"]["speedup_vs"]["masked"] == 2.0
     assert rows["masked"]["speedup_vs"]["packed"] == 0.5
     assert rows["packed"]["repeats"] == 2
+    assert rows["packed"]["page_faults_mean"] == 200
 
 
 def test_cli_times_and_counts_both_paths(tmp_path):
@@ -72,7 +74,7 @@ def test_cli_times_and_counts_both_paths(tmp_path):
         "--prompt",
         "4",
         "--variants",
-        "engine,packed,masked",
+        "engine,engine_glibc_heap,packed,masked",
         "--out",
         str(out),
     ]
@@ -80,7 +82,12 @@ def test_cli_times_and_counts_both_paths(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads((out / "train_step.json").read_text())
     rows = {r["variant"]: r for r in result["rows"]}
-    assert set(rows) == {"engine", "packed", "masked"}
+    assert set(rows) == {"engine", "engine_glibc_heap", "packed", "masked"}
+    # The heap setting changes no computation, only where memory comes from.
+    assert (
+        rows["engine_glibc_heap"]["gflop_per_step"] == rows["engine"]["gflop_per_step"]
+    )
+    assert all(r["page_faults"] for r in result["runs"])
     for r in rows.values():
         assert r["step_s_mean"] > 0 and r["gemm_gflops_mean"] > 0
         assert r["gflop_per_step"] > 0

@@ -20,6 +20,7 @@ from areal_marlaas.config.server import (
     MultiLoRAvLLMConfig,
     RolloutServerConfig,
 )
+from areal_marlaas.train.heap import KEEP_ENV
 
 from .conftest import REPO
 
@@ -255,10 +256,35 @@ def test_slurm_job_script_runs_the_venvs_python_without_a_container(
     # this checkout on PYTHONPATH, threads from the spec, not the driver's 7.
     assert "export OMP_NUM_THREADS=4" in script
     assert "export PYTHONPATH=" in script and str(REPO) in script
-    # The config's own spec is left alone (AReaL's default command).
+    # Trainer workers keep the pages they free (train/heap.py), read at start.
+    assert "export MALLOC_ARENA_MAX=1" in script
+    assert "export MALLOC_MMAP_MAX_=0" in script
+    # The config's own spec keeps AReaL's default command.
     spec = cfg.actor.scheduling_spec[0]
-    assert spec.cmd == "python -m areal.infra.rpc.rpc_server" and spec.env_vars == {}
+    assert spec.cmd == "python -m areal.infra.rpc.rpc_server"
+    assert spec.env_vars == KEEP_ENV
     scheduler.close()
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_local_trainer_workers_start_with_the_heap_settings(tmp_path, keep):
+    from areal_marlaas.cluster import close_scheduler, make_scheduler
+
+    cfg = ray_cfg(
+        "scheduler.type=local",
+        f"cluster.fileroot={tmp_path}",
+        f"keep_freed_pages={str(keep).lower()}",
+    )
+    scheduler = make_scheduler(cfg, tmp_path)
+    try:
+        actor = cfg.actor.scheduling_spec[0].env_vars
+        assert {k: actor.get(k) for k in KEEP_ENV} == (
+            KEEP_ENV if keep else dict.fromkeys(KEEP_ENV)
+        )
+        # The rollout server (vLLM) keeps glibc's defaults.
+        assert not set(KEEP_ENV) & set(cfg.rollout.scheduling_spec[0].env_vars)
+    finally:
+        close_scheduler(scheduler)
 
 
 # -- the server: bind vs advertised, launched on workers ------------------------

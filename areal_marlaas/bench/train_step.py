@@ -9,7 +9,10 @@ achieved rate (counted FLOPs / step time) is put beside the fp32 GEMM rate
 measured in the same process with the same threads.
 
 Paths (``VARIANTS``): ``engine`` is the engine now: ``packed`` plus the audit
-read from the update's own forward and the LM head on the loss's rows only;
+read from the update's own forward, the LM head on the loss's rows only, and a
+process that keeps the pages it frees (``train/heap.py``, as trainer workers
+start); ``engine_glibc_heap`` is the same with glibc's malloc defaults (the
+engine before the heap setting); the older paths all ran on glibc's defaults.
 ``packed`` is the CPU attention path alone (per-sequence causal sdpa, no page
 padding, AReaL's helpers eager, a separate audit forward, the full LM head), the
 engine from d251ea2 until the audit moved; ``masked`` is AReaL's own sdpa path
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,14 +33,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-_OLD = {"fused_audit": False, "lm_head_rows": False}
+from areal_marlaas.train.heap import KEEP_ENV
+
+_NOW = {
+    "packed_attention": True,
+    "fused_audit": True,
+    "lm_head_rows": True,
+    "compile": False,
+}
+_OLD = {"fused_audit": False, "lm_head_rows": False, "keep_pages": False}
 VARIANTS: dict[str, dict[str, Any]] = {
-    "engine": {
-        "packed_attention": True,
-        "fused_audit": True,
-        "lm_head_rows": True,
-        "compile": False,
-    },
+    "engine": {**_NOW, "keep_pages": True},
+    "engine_glibc_heap": {**_NOW, "keep_pages": False},
     "packed": {"packed_attention": True, **_OLD, "compile": False},
     "masked": {"packed_attention": False, **_OLD, "compile": False},
     "masked_compiled": {"packed_attention": False, **_OLD, "compile": True},
@@ -132,11 +140,16 @@ def measure(opts: dict[str, Any]) -> dict[str, Any]:
             seed=1000 * opts["round"] + i,
         )
 
+    faults: list[int] = []
+
     def step(i: int) -> float:
         data = batch(i)
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         engine.train_task("t", data)
-        return time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+        return dt
 
     try:
         first = step(0)
@@ -155,6 +168,8 @@ def measure(opts: dict[str, Any]) -> dict[str, Any]:
         "round": opts["round"],
         "first_step_s": first,
         "step_s": times,
+        # Minor page faults per timed step: fresh pages the allocator touched.
+        "page_faults": faults[1:],
         "tokens": tokens,
         "flops": flops,
         "achieved_gflops": flops / 1e9 / step_s,
@@ -175,6 +190,10 @@ def run_round(opts: dict[str, Any], out: Path) -> dict[str, Any]:
         MKL_NUM_THREADS=str(opts["threads"]),
         TORCHDYNAMO_DISABLE="0" if VARIANTS[opts["variant"]]["compile"] else "1",
     )
+    for key in KEEP_ENV:  # glibc reads them when the process starts
+        env.pop(key, None)
+    if VARIANTS[opts["variant"]]["keep_pages"]:
+        env.update(KEEP_ENV)
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "areal_marlaas.bench.train_step", json.dumps(opts)]
     with open(out.with_suffix(".log"), "w") as log:
@@ -192,6 +211,9 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         first = [r["first_step_s"] for r in mine]
         rate = [r["achieved_gflops"] for r in mine]
         gemm = [r["gemm_gflops"] for r in mine]
+        faults = [
+            statistics.mean(r["page_faults"]) for r in mine if r.get("page_faults")
+        ]
 
         def sd(xs):
             return statistics.stdev(xs) if len(xs) > 1 else 0.0
@@ -210,6 +232,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "achieved_gflops_sd": sd(rate),
                 "gemm_gflops_mean": statistics.mean(gemm),
                 "share_of_gemm": statistics.mean(rate) / statistics.mean(gemm),
+                "page_faults_mean": statistics.mean(faults) if faults else None,
             }
         )
     base = {r["variant"]: r["step_s_mean"] for r in rows}
@@ -223,16 +246,18 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def format_table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| path | repeats | step s (mean +- sd) | first step s | tokens | GFLOP/step "
-        "| achieved GFLOP/s | GEMM GFLOP/s | share of GEMM |"
+        "| achieved GFLOP/s | GEMM GFLOP/s | share of GEMM | page faults/step |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
+        faults = r.get("page_faults_mean")
         lines.append(
             f"| {r['variant']} | {r['repeats']} | {r['step_s_mean']:.2f} +- "
             f"{r['step_s_sd']:.2f} | {r['first_step_s_mean']:.1f} +- "
             f"{r['first_step_s_sd']:.1f} | {r['tokens']} | {r['gflop_per_step']:.0f} "
             f"| {r['achieved_gflops_mean']:.1f} +- {r['achieved_gflops_sd']:.1f} | "
-            f"{r['gemm_gflops_mean']:.1f} | {r['share_of_gemm']:.0%} |"
+            f"{r['gemm_gflops_mean']:.1f} | {r['share_of_gemm']:.0%} | "
+            f"{'-' if faults is None else f'{faults:,.0f}'} |"
         )
     return "\n".join(lines)
 

@@ -42,6 +42,11 @@ def make_scheduler(cfg, run_dir: str | Path):
     kind = cfg.scheduler.type
     if kind is None:
         return None
+    if cfg.keep_freed_pages:  # read by glibc when each trainer worker starts
+        from areal_marlaas.train.heap import KEEP_ENV
+
+        for spec in cfg.actor.scheduling_spec:
+            spec.env_vars = {**KEEP_ENV, **(spec.env_vars or {})}
     for spec in cfg.rollout.scheduling_spec:
         # AReaL forces rollouts to "separate" placement, with a warning.
         spec.ray_placement_strategy = "separate"

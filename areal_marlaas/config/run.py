@@ -170,6 +170,16 @@ class MARLaaSConfig(GRPOConfig):
             "too (they always go to the run directory's logs)."
         },
     )
+    keep_freed_pages: bool = field(
+        default=True,
+        metadata={
+            "help": "Trainer processes keep the memory they free (glibc malloc: one "
+            "arena, no mmap for large blocks, no trimming), so a train step reuses "
+            "the last step's pages instead of faulting in ~1.4 GB of fresh ones "
+            "(~7% of a quickstart step on CPU). The update is unchanged; the "
+            "trainer's RSS stays at its peak. false = glibc's defaults."
+        },
+    )
     cluster: ClusterSpecConfig = field(
         default_factory=lambda: ClusterSpecConfig(fileroot="/tmp/areal-marlaas"),
         metadata={

@@ -511,6 +511,7 @@ class Runtime:
             "grad_norm": stats.get(f"marlaas/{a.task}/ppo_actor/update/grad_norm"),
             **audit,
             **result.get("placement", {}),
+            **result.get("process", {}),
         }
         reasons = trajectory.reward_reasons(batch)
         if reasons:

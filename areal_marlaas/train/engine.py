@@ -38,6 +38,7 @@ from transformers import (
 
 from areal_marlaas.adapters import adapter_name
 from areal_marlaas.train.attention import PACKED
+from areal_marlaas.train.heap import page_faults
 from areal_marlaas.trajectory import generated_versions, served_adapters
 
 logger = logging.getLogger("MARLaaSTrainEngine")
@@ -543,6 +544,7 @@ class MultiLoRAFSDPPPOActor(LMHeadRows, PackedAttentionMaskFix, FSDPPPOActor):
                 f"{wrong} for requests sent to {expected}; refusing the batch"
             )
         data = [{k: v for k, v in t.items() if torch.is_tensor(v)} for t in batch]
+        faults = page_faults()
         before = self._snapshot(slot)
         limit = slot.meta["audit_max_mean_gap"]
 
@@ -575,7 +577,15 @@ class MultiLoRAFSDPPPOActor(LMHeadRows, PackedAttentionMaskFix, FSDPPPOActor):
         self.lr_scheduler.step()
         slot.version += 1
         self._version = slot.version
-        return {"version": slot.version, "stats": stats, "audit": audit}
+        # Fresh pages this step touched (the process's: ~0 once its heap keeps
+        # freed pages, keep_freed_pages).
+        process = {"page_faults": page_faults() - faults}
+        return {
+            "version": slot.version,
+            "stats": stats,
+            "audit": audit,
+            "process": process,
+        }
 
     def _audited_update(
         self, slot: TaskSlot, data: list[dict[str, Any]], check

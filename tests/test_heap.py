@@ -1,0 +1,110 @@
+"""The trainer's heap keeps the pages it frees (train/heap.py): steps stop
+faulting in fresh memory, and the update stays bitwise the same. Each case runs
+in a fresh process, since glibc reads its settings when a process starts (or
+when a thread first allocates)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from areal_marlaas.train.heap import KEEP_ENV
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="glibc malloc settings"
+)
+
+
+def run(code: str, env: dict[str, str] | None = None) -> dict:
+    clean = {k: v for k, v in os.environ.items() if k not in KEEP_ENV}
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**clean, "OMP_NUM_THREADS": "2", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+REALLOC = """
+    import json, sys, threading
+    from areal_marlaas.train import heap
+    if sys.argv[1:] == ["keep"]:
+        assert heap.keep_freed_pages()
+    import torch
+    faults = []
+    def twice():  # a worker thread, like the runtime's trainer thread
+        for _ in range(2):
+            f0 = heap.page_faults()
+            torch.ones(64 * 2**20)  # 256 MiB, freed at once
+            faults.append(heap.page_faults() - f0)
+    t = threading.Thread(target=twice)
+    t.start()
+    t.join()
+    print(json.dumps({"faults": faults}))
+"""
+
+
+def test_a_freed_block_is_reused_without_faulting_in_new_pages():
+    default = run(REALLOC.replace("sys.argv[1:]", "[]"))["faults"]
+    keep = run(REALLOC.replace("sys.argv[1:]", '["keep"]'))["faults"]
+    pages = 256 * 2**20 // 4096
+    # glibc's defaults map a fresh block each time: every page faults again.
+    assert default[1] > 0.9 * pages
+    # Kept: the second block lands on the first one's pages.
+    assert keep[0] > 0.9 * pages and keep[1] < 0.01 * pages
+
+
+STEPS = """
+    import hashlib, json, threading
+    import torch
+    from areal_marlaas.bench import train_step as ts
+    from areal_marlaas.train.heap import page_faults
+    torch.set_num_threads(2)
+    out = {}
+    def train():  # on a worker thread, as the runtime and AReaL's workers do
+        engine = ts._engine(MODEL, ts.VARIANTS["engine"])
+        vocab = engine.model.config.vocab_size
+        engine.add_task("t", lr=1e-4, total_steps=10, n_samples=4, seed=0)
+        for i in range(3):
+            version = engine.slots["t"].version
+            batch = ts.make_batch(2, 4, (60, 80), 20, version, vocab, seed=i)
+            result = engine.train_task("t", batch)
+        out["faults"] = result["process"]["page_faults"]
+        h = hashlib.sha256()
+        for name, p in sorted(engine.adapter_state("t").items()):
+            h.update(name.encode())
+            h.update(p.float().numpy().tobytes())
+        out["weights"] = h.hexdigest()
+        engine.destroy()
+    t = threading.Thread(target=train)
+    t.start()
+    t.join()
+    print(json.dumps(out))
+"""
+
+
+def test_kept_pages_leave_the_update_bitwise_and_stop_the_faults(model_path):
+    env = {
+        "WORLD_SIZE": "1",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "TORCHDYNAMO_DISABLE": "1",
+    }
+    code = f"MODEL = {str(model_path)!r}\n" + textwrap.dedent(STEPS)
+    default = run(code, {**env, "MASTER_PORT": "29631"})
+    keep = run(code, {**env, "MASTER_PORT": "29632", **KEEP_ENV})
+
+    assert keep["weights"] == default["weights"]
+    # The third step: glibc's defaults fault in the big blocks again (~70k
+    # pages here); kept, the heap already holds them.
+    assert default["faults"] > 20_000
+    assert keep["faults"] < default["faults"] / 20
