@@ -290,6 +290,21 @@ def test_two_trainers_ablation_runs_on_the_local_scheduler(bench_yaml):
     assert plans["async@local"].placement == two.placement
 
 
+def test_glibc_heap_ablation_turns_the_kept_heap_off_beside_async(bench_yaml):
+    from areal_marlaas.bench.plan import plan_runs
+    from areal_marlaas.bench.run import load_bench_config
+
+    argv = ["--config", str(bench_yaml), "bench.modes=[async]"]
+    argv += ["bench.ablations=[glibc_heap]", "bench.concurrency=[]"]
+    bench, cfg, _, _ = load_bench_config(argv)
+    plans = {p.label: p for p in plan_runs(bench, cfg)}
+    assert sorted(plans) == ["async", "async_glibc_heap"]
+    heap = plans["async_glibc_heap"]
+    assert heap.overrides == {"keep_freed_pages": "false"}
+    assert heap.scheduler == plans["async"].scheduler == "null"
+    assert cfg.keep_freed_pages  # the mode run keeps the default
+
+
 def test_bench_config_unknown_task_lists_names(bench_yaml):
     from areal_marlaas.bench.plan import plan_runs
     from areal_marlaas.bench.run import load_bench_config

@@ -17,6 +17,7 @@ ABLATIONS: dict[str, tuple[str, dict[str, str], str]] = {
     "no_multi_lora": ("async", {"scheduler.multi_lora": "false"}, "null"),
     "elastic": ("async", {"scheduler.elastic_cpus": "'{server_cpus}'"}, "null"),
     "two_trainers": ("async", {"scheduler.trainers": "2"}, "local"),
+    "glibc_heap": ("async", {"keep_freed_pages": "false"}, "null"),
 }
 
 
@@ -49,7 +50,9 @@ class BenchConfig:
             "with one adapter per server batch; elastic: async whose trainer "
             "borrows the server's cores while no rollout runs; two_trainers: "
             "async with scheduler.trainers=2 as LocalScheduler workers, to "
-            "compare with async@local). Without asynchrony = mode sync."
+            "compare with async@local; glibc_heap: async whose trainer keeps "
+            "glibc's malloc defaults, keep_freed_pages=false). Without asynchrony "
+            "= mode sync."
         },
     )
     concurrency: list[int] = field(
