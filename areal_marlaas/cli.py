@@ -162,30 +162,11 @@ def _bench_train_step(args) -> int:
     return 0
 
 
-def _keep_freed_pages_early(rest: list[str]) -> None:
-    """An in-process trainer's heap setting (``keep_freed_pages``, train/heap.py)
-    must come before the threads that importing torch and AReaL start, so this
-    one field is read from the YAML and the overrides before anything else (a
-    config that does not parse is reported later, by load_config)."""
-    from areal_marlaas.config.loader import compose_yaml, parse_args
-    from areal_marlaas.train.heap import keep_freed_pages
-
-    try:
-        args = parse_args(rest)
-        keep = compose_yaml(args.config).get("keep_freed_pages", True)
-    except Exception:
-        return
-    for o in args.overrides:
-        key, _, value = o.lstrip("+").partition("=")
-        if key == "keep_freed_pages":
-            keep = value.strip().lower() != "false"
-    if keep:
-        keep_freed_pages()
-
-
 def _train(rest: list[str]) -> int:
     """Train every task of the config (MARLaaS async mode)."""
-    _keep_freed_pages_early(rest)
+    from areal_marlaas.train.heap import keep_freed_pages_if_asked
+
+    keep_freed_pages_if_asked(rest)
     from areal_marlaas.train import screen
 
     if not screen.asks_verbose(rest):  # before AReaL's import-time INFO lines
@@ -290,7 +271,9 @@ def _service(rest: list[str]) -> int:
         from areal_marlaas.service.cli import main as operator_main
 
         return operator_main(rest)
-    _keep_freed_pages_early(rest)
+    from areal_marlaas.train.heap import keep_freed_pages_if_asked
+
+    keep_freed_pages_if_asked(rest)
     from areal_marlaas.service.runner import main as service_main
 
     return service_main(rest)

@@ -68,9 +68,9 @@ def test_a_freed_block_is_reused_without_faulting_in_new_pages():
 
 EARLY = """
     import json, threading
-    from areal_marlaas.cli import _keep_freed_pages_early
     from areal_marlaas.train import heap
-    _keep_freed_pages_early(ARGV)  # as `marlaas train|service` do, first thing
+    # As `marlaas train|service` and `python -m areal_marlaas.train` do first.
+    assert heap.keep_freed_pages_if_asked(ARGV) == KEPT
     import torch
     faults = []
     def twice():
@@ -102,7 +102,7 @@ def test_the_cli_reads_keep_freed_pages_before_torch_starts_threads(
         argv[1] = str(off)
         if how == "yaml_on":  # an override beats the YAML
             argv.append("keep_freed_pages=true")
-    code = f"ARGV = {argv!r}\n" + textwrap.dedent(EARLY)
+    code = f"ARGV = {argv!r}\nKEPT = {kept!r}\n" + textwrap.dedent(EARLY)
     second = run(code)["faults"][1]
     pages = 192 * 2**20 // 4096
     assert (second < 0.01 * pages) if kept else (second > 0.9 * pages)

@@ -43,6 +43,26 @@ def keep_freed_pages() -> bool:
     )
 
 
+def keep_freed_pages_if_asked(argv: list[str]) -> bool:
+    """``keep_freed_pages`` for a process about to host a trainer, read from its
+    command line (``--config X.yaml [key=value ...]``) before anything else:
+    importing torch and AReaL starts threads, and a thread that allocated keeps
+    its own arena. A command line that does not parse is left to load_config,
+    which reports it. True when the heap now keeps freed pages."""
+    from areal_marlaas.config.loader import compose_yaml, parse_args
+
+    try:
+        args = parse_args(argv)
+        keep = compose_yaml(args.config).get("keep_freed_pages", True)
+    except Exception:
+        return False
+    for o in args.overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key == "keep_freed_pages":
+            keep = value.strip().lower() != "false"
+    return bool(keep) and keep_freed_pages()
+
+
 def page_faults() -> int:
     """Minor page faults of this process so far (fresh pages touched)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
