@@ -176,8 +176,9 @@ class MARLaaSConfig(GRPOConfig):
             "help": "Trainer processes keep the memory they free (glibc malloc: one "
             "arena, no mmap for large blocks, no trimming), so a train step reuses "
             "the last step's pages instead of faulting in ~1.4 GB of fresh ones "
-            "(~7% of a quickstart step on CPU). The update is unchanged; the "
-            "trainer's RSS stays at its peak. false = glibc's defaults."
+            "(a step 1.11x faster on a 2-core CPU, docs/results.md). The update "
+            "is unchanged; the trainer's RSS stays at its peak. Read before torch "
+            "starts threads (train/heap.py). false = glibc's defaults."
         },
     )
     cluster: ClusterSpecConfig = field(
