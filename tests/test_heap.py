@@ -35,42 +35,12 @@ def run(code: str, env: dict[str, str] | None = None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# Two big tensors, each freed at once, on a worker thread (like the runtime's
+# trainer thread); prints the page faults of each. SETUP runs first.
 REALLOC = """
-    import json, sys, threading
-    from areal_marlaas.train import heap
-    if sys.argv[1:] == ["keep"]:
-        assert heap.keep_freed_pages()
-    import torch
-    faults = []
-    def twice():  # a worker thread, like the runtime's trainer thread
-        for mib in (256, 192):  # each freed at once
-            f0 = heap.page_faults()
-            torch.ones(mib * 2**18)
-            faults.append(heap.page_faults() - f0)
-    t = threading.Thread(target=twice)
-    t.start()
-    t.join()
-    print(json.dumps({"faults": faults}))
-"""
-
-
-def test_a_freed_block_is_reused_without_faulting_in_new_pages():
-    default = run(REALLOC.replace("sys.argv[1:]", "[]"))["faults"]
-    keep = run(REALLOC.replace("sys.argv[1:]", '["keep"]'))["faults"]
-    pages = 192 * 2**20 // 4096
-    # glibc's defaults map a fresh block each time: every page faults again.
-    assert default[1] > 0.9 * pages
-    # Kept: the second block lands on the first one's pages. (A block of the
-    # very same size may not: posix_memalign asks for a little more than the
-    # freed chunk holds; a train step's mix of sizes reuses, as measured.)
-    assert keep[0] > 0.9 * pages and keep[1] < 0.01 * pages
-
-
-EARLY = """
     import json, threading
     from areal_marlaas.train import heap
-    # As `marlaas train|service` and `python -m areal_marlaas.train` do first.
-    assert heap.keep_freed_pages_if_asked(ARGV) == KEPT
+    SETUP
     import torch
     faults = []
     def twice():
@@ -83,6 +53,22 @@ EARLY = """
     t.join()
     print(json.dumps({"faults": faults}))
 """
+
+
+def realloc(setup: str = "pass") -> list[int]:
+    return run(textwrap.dedent(REALLOC).replace("SETUP", setup))["faults"]
+
+
+def test_a_freed_block_is_reused_without_faulting_in_new_pages():
+    default = realloc()
+    keep = realloc("assert heap.keep_freed_pages()")
+    pages = 192 * 2**20 // 4096
+    # glibc's defaults map a fresh block each time: every page faults again.
+    assert default[1] > 0.9 * pages
+    # Kept: the second block lands on the first one's pages. (A block of the
+    # very same size may not: posix_memalign asks for a little more than the
+    # freed chunk holds; a train step's mix of sizes reuses, as measured.)
+    assert keep[0] > 0.9 * pages and keep[1] < 0.01 * pages
 
 
 @pytest.mark.parametrize(
@@ -102,8 +88,9 @@ def test_the_cli_reads_keep_freed_pages_before_torch_starts_threads(
         argv[1] = str(off)
         if how == "yaml_on":  # an override beats the YAML
             argv.append("keep_freed_pages=true")
-    code = f"ARGV = {argv!r}\nKEPT = {kept!r}\n" + textwrap.dedent(EARLY)
-    second = run(code)["faults"][1]
+    # As `marlaas train|service` and `python -m areal_marlaas.train` do first.
+    setup = f"assert heap.keep_freed_pages_if_asked({argv!r}) == {kept!r}"
+    second = realloc(setup)[1]
     pages = 192 * 2**20 // 4096
     assert (second < 0.01 * pages) if kept else (second > 0.9 * pages)
 
