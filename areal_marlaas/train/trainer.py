@@ -32,7 +32,6 @@ from areal_marlaas.tools.local_search import stop_local_search_servers
 from areal_marlaas.train import screen
 from areal_marlaas.train.elastic import ElasticCores, ElasticTrainBackend
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
-from areal_marlaas.train.heap import keep_freed_pages
 from areal_marlaas.train.pool import TrainerPool, trainer_role
 from areal_marlaas.workflows import task_workflow
 from areal_marlaas.workflows.reward import IsolatedReward
@@ -162,8 +161,6 @@ class MultiTaskTrainer:
         ft_spec = FinetuneSpec(1, sum(t.total_steps for t in cfg.tasks), 1)
         if self.scheduler is None:
             single_rank_env()
-            if cfg.keep_freed_pages and not keep_freed_pages():
-                logger.info("keep_freed_pages: not glibc, the heap keeps its defaults")
             engine = MultiLoRAFSDPPPOActor(cfg.actor)
             engine.create_process_group()
             engine.initialize(None, ft_spec)
