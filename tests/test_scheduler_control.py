@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from areal_marlaas.scheduler.core import (
@@ -101,6 +101,13 @@ def run(core: SchedulerCore, steps: dict[str, int], controls, seed: int, kv=None
     ),
     seed=st.integers(0, 10**6),
     mode=st.sampled_from(["async", "sync", "sequential"]),
+)
+# Found by this test: a late arrival behind a queued batch of the next round.
+@example(
+    steps={"a": 1, "b": 2, "c": 2, "d": 2},
+    controls=[(9, "submit", "a")],
+    seed=1,
+    mode="sync",
 )
 def test_random_pauses_resumes_cancels_and_arrivals(steps, controls, seed, mode):
     controls = [c for c in controls if c[2] in steps]

@@ -321,6 +321,31 @@ def test_sync_failed_task_releases_the_barrier():
     assert actions == [FinishTask("b", failed=True, reason="boom"), StartTrain("a", 0)]
 
 
+def test_sync_a_late_arrival_trains_its_earlier_round_past_the_queue():
+    """A task arriving at round 0 while round 1 runs: the others' round waits
+    for it (barrier), so its batch must train although round 1's queued batch is
+    ahead of it in the queue (holding it there deadlocked the core)."""
+    core = SchedulerCore(mode="sync", max_rolling=1)
+    core.handle(Submitted("b", 2))
+    core.handle(Submitted("d", 2))
+    for event in (RolloutDone("b", 0), RolloutDone("d", 0), TrainDone("b", 1)):
+        core.handle(event)
+    for event in (PublishDone("b", 1), TrainDone("d", 1), PublishDone("d", 1)):
+        core.handle(event)
+    # Round 1: b rolls out, d waits for the cap; a arrives at version 0.
+    assert core.handle(Submitted("a", 1)) == [
+        HoldRollout("d", 1, "barrier"),
+        HoldRollout("a", 0, "cap"),
+    ]
+    assert core.handle(RolloutDone("b", 1)) == [StartRollout("a", 0)]
+
+    # b's round-1 batch waits for d's rollout, d for a: a's batch goes first.
+    assert core.handle(RolloutDone("a", 0)) == [StartTrain("a", 0, 0)]
+    assert core.handle(TrainDone("a", 1)) == [StartPublish("a", 1)]
+    assert core.handle(PublishDone("a", 1)) == [FinishTask("a"), StartRollout("d", 1)]
+    assert core.handle(RolloutDone("d", 1)) == [StartTrain("b", 1, 0)]
+
+
 # -- single-task baselines ------------------------------------------------------
 @pytest.mark.parametrize("mode", ["sequential", "collocated"])
 @settings(max_examples=60, deadline=None)

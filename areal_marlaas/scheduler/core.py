@@ -12,7 +12,9 @@ differ only in *when* a task may start a rollout or a training step:
   meet only in the FIFO training queue.
 * ``sync`` (multi-LoRA synchronous): rounds. All tasks roll out version ``v``;
   training starts when the round's last rollout is done (barrier); each trains in
-  turn; round ``v+1`` starts when every task has published (barrier).
+  turn; round ``v+1`` starts when every task has published (barrier). A task that
+  arrives (or resumes) behind the others runs its earlier rounds alone until it
+  catches up; the others' next round waits for it.
 * ``sequential`` / ``collocated`` (single-task baselines): one task at a time runs
   all its steps; they differ only in placement, which the runtime sets.
 
@@ -484,7 +486,10 @@ class SchedulerCore:
                 break
             task = self.tasks[name]
             if not self._may_train(task):
-                break
+                # Its round is still rolling out. A batch of an earlier round (a
+                # task that arrived or resumed late) may go: the round's barrier
+                # waits for that task, so holding it would deadlock.
+                continue
             slot = free[0] if task.trainer is None else task.trainer
             if slot not in free:
                 continue  # its trainer is busy; a batch for a free one may go
