@@ -28,23 +28,38 @@ from areal_marlaas.scheduler.core import (
 CONTROLS = ("pause", "resume", "cancel", "submit")
 
 
-def run(core: SchedulerCore, steps: dict[str, int], controls, seed: int, kv=None):
+def run(
+    core: SchedulerCore,
+    steps: dict[str, int],
+    controls,
+    seed: int,
+    kv=None,
+    placed=None,
+):
     """Drive the core; ``controls`` is a list of (after how many actions, what,
-    task). Returns every action in order and the set of tasks cancelled."""
+    task); ``placed`` maps a task to its trainer. Returns every action in order and
+    the set of tasks cancelled."""
+    placed = placed or {}
     rng = random.Random(seed)
     pending, log = [], []
     must_cancel: set[str] = set()
     late = {task for _, what, task in controls if what == "submit"}
     for task, n in steps.items():
         if task not in late:
-            pending += core.handle(Submitted(task, n, kv_bytes=(kv or {}).get(task, 0)))
+            kv_bytes = (kv or {}).get(task, 0)
+            trainer = placed.get(task)
+            pending += core.handle(
+                Submitted(task, n, kv_bytes=kv_bytes, trainer=trainer)
+            )
     controls = sorted(controls)
     done_actions = 0
     while True:
         while controls and controls[0][0] <= done_actions:
             _, what, task = controls.pop(0)
             if what == "submit":
-                pending += core.handle(Submitted(task, steps[task]))
+                pending += core.handle(
+                    Submitted(task, steps[task], trainer=placed.get(task))
+                )
             elif task in core.tasks:
                 t = core.tasks[task]
                 last_publish = t.phase == "publish" and t.steps_done >= t.total_steps
@@ -69,6 +84,7 @@ def run(core: SchedulerCore, steps: dict[str, int], controls, seed: int, kv=None
             assert action.version == t.version  # on-policy
             event = RolloutDone(action.task, action.version)
         elif isinstance(action, StartTrain):
+            assert action.trainer == placed.get(action.task, 0)  # where its state is
             event = TrainDone(action.task, action.version + 1)
         else:
             event = PublishDone(action.task, action.version)
@@ -77,7 +93,8 @@ def run(core: SchedulerCore, steps: dict[str, int], controls, seed: int, kv=None
             a.task for a in pending if not isinstance(a, FinishTask | TaskPaused)
         ]
         assert len(per_task) == len(set(per_task))  # one batch in flight per task
-        assert len([a for a in pending if isinstance(a, StartTrain)]) <= 1
+        trains = [a.trainer for a in pending if isinstance(a, StartTrain)]
+        assert len(trains) == len(set(trains)) <= core.trainers  # a step per trainer
         if core.kv_budget is not None:
             assert core.kv_in_use() <= core.kv_budget
         for name, state in core.tasks.items():
@@ -101,6 +118,8 @@ def run(core: SchedulerCore, steps: dict[str, int], controls, seed: int, kv=None
     ),
     seed=st.integers(0, 10**6),
     mode=st.sampled_from(["async", "sync", "sequential"]),
+    trainers=st.sampled_from([1, 2]),
+    order=st.sampled_from(["fifo", "first_steps"]),
 )
 # Found by this test: a late arrival behind a queued batch of the next round.
 @example(
@@ -108,8 +127,12 @@ def run(core: SchedulerCore, steps: dict[str, int], controls, seed: int, kv=None
     controls=[(9, "submit", "a")],
     seed=1,
     mode="sync",
+    trainers=1,
+    order="fifo",
 )
-def test_random_pauses_resumes_cancels_and_arrivals(steps, controls, seed, mode):
+def test_random_pauses_resumes_cancels_and_arrivals(
+    steps, controls, seed, mode, trainers, order
+):
     controls = [c for c in controls if c[2] in steps]
     # Each task arrives once; a late arrival replaces its start-time submission.
     seen: set[str] = set()
@@ -120,9 +143,14 @@ def test_random_pauses_resumes_cancels_and_arrivals(steps, controls, seed, mode)
     # everything at the very end so every task ends.
     end = max([c[0] for c in controls], default=0) + 1
     controls += [(end, "resume", t) for t in steps]
-    core = SchedulerCore(mode=mode, kv_budget=2, max_rolling=None)
+    core = SchedulerCore(
+        mode=mode, kv_budget=2, max_rolling=None, trainers=trainers, train_order=order
+    )
+    # Several trainers: each task placed on one, as the service's pool does.
+    placed = {t: i % trainers for i, t in enumerate(sorted(steps))}
 
-    log, must_cancel = run(core, steps, controls, seed, kv={t: 1 for t in steps})
+    kv = {t: 1 for t in steps}
+    log, must_cancel = run(core, steps, controls, seed, kv=kv, placed=placed)
 
     finishes = [a for a in log if isinstance(a, FinishTask)]
     assert sorted(a.task for a in finishes) == sorted(steps)  # once per task
