@@ -73,7 +73,13 @@ def test_a_freed_block_is_reused_without_faulting_in_new_pages():
 
 @pytest.mark.parametrize(
     "how, kept",
-    [("default", True), ("override", False), ("yaml", False), ("yaml_on", True)],
+    [
+        ("default", True),
+        ("override", False),
+        ("override_off", False),
+        ("yaml", False),
+        ("yaml_on", True),
+    ],
 )
 def test_the_cli_reads_keep_freed_pages_before_torch_starts_threads(
     tmp_path, how, kept
@@ -82,6 +88,8 @@ def test_the_cli_reads_keep_freed_pages_before_torch_starts_threads(
     argv = ["--config", str(config), "scheduler.type=null"]
     if how == "override":
         argv.append("keep_freed_pages=false")
+    elif how == "override_off":  # as the config's typed bool reads it
+        argv.append("keep_freed_pages=off")
     elif how.startswith("yaml"):
         off = tmp_path / "off.yaml"
         off.write_text(config.read_text() + "\nkeep_freed_pages: false\n")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import platform
 import resource
+from dataclasses import dataclass
 
 # glibc reads these at process start (a trainer worker's environment).
 KEEP_ENV = {
@@ -49,18 +50,28 @@ def keep_freed_pages_if_asked(argv: list[str]) -> bool:
     importing torch and AReaL starts threads, and a thread that allocated keeps
     its own arena. A command line that does not parse is left to load_config,
     which reports it. True when the heap now keeps freed pages."""
+    from omegaconf import OmegaConf
+
     from areal_marlaas.config.loader import compose_yaml, parse_args
 
+    key = "keep_freed_pages"
     try:
         args = parse_args(argv)
-        keep = compose_yaml(args.config).get("keep_freed_pages", True)
+        # The field alone, typed as the config types it (no/off/0 are false).
+        field = OmegaConf.structured(_KeepFreedPages)
+        yaml = compose_yaml(args.config)
+        if key in yaml:
+            field[key] = yaml[key]
+        sets = [o.lstrip("+") for o in args.overrides]
+        field.merge_with_dotlist([o for o in sets if o.startswith(f"{key}=")])
     except Exception:
         return False
-    for o in args.overrides:
-        key, _, value = o.lstrip("+").partition("=")
-        if key == "keep_freed_pages":
-            keep = value.strip().lower() != "false"
-    return bool(keep) and keep_freed_pages()
+    return field[key] and keep_freed_pages()
+
+
+@dataclass
+class _KeepFreedPages:
+    keep_freed_pages: bool = True
 
 
 def page_faults() -> int:
