@@ -399,7 +399,7 @@ def _search_server(args: argparse.Namespace) -> int:
 
 
 def _models(d: dict):
-    from areal_marlaas.sim.models import LatencyModels
+    from areal_marlaas.sim.latency import LatencyModels
 
     return LatencyModels.from_dict(d)
 

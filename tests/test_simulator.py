@@ -10,7 +10,7 @@ import math
 import pytest
 
 from areal_marlaas.scheduler.core import MODES
-from areal_marlaas.sim.models import (
+from areal_marlaas.sim.latency import (
     LatencyModels,
     RolloutModel,
     RunLog,

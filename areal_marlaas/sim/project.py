@@ -11,7 +11,7 @@ from typing import Any
 
 from areal_marlaas.metrics.runlog import read_jsonl
 from areal_marlaas.scheduler.core import MODES
-from areal_marlaas.sim.models import LatencyModels, RunLog, fit_models
+from areal_marlaas.sim.latency import LatencyModels, RunLog, fit_models
 from areal_marlaas.sim.simulator import SimTask, simulate
 
 

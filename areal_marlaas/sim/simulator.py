@@ -31,7 +31,7 @@ from areal_marlaas.scheduler.core import (
     Submitted,
     TrainDone,
 )
-from areal_marlaas.sim.models import LatencyModels
+from areal_marlaas.sim.latency import LatencyModels
 
 EPS = 1e-9
 
