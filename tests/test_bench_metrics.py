@@ -359,6 +359,12 @@ def test_outputs_written_small_with_plots(tmp_path, run_dir):
     for name in ("bench.json", "bench.md", "timeline.png", "utilization.png"):
         assert (out / name).is_file(), name
     assert (out / "concurrency.png").is_file()
+    # What the simulator fits from once runs/ is left out of a committed result.
+    fit = json.loads((out / "fit_input.json").read_text())["runs"]
+    assert set(fit) == {"async", "sequential", "async_c1"}
+    assert len(fit["async"]["events"]) == sum(
+        e.get("phase") in ("rollout", "env", "train", "publish") for e in run["events"]
+    )
     md = (out / "bench.md").read_text()
     # Per-task rows from the events: b queued 8 s then 6 s, a never waited.
     assert "| async | b | 2 | 8.0 | 0.0 | 7.0 | 9.5 | 1.0 |" in md

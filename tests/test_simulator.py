@@ -589,4 +589,44 @@ def test_cli_projects_the_mix_over_a_sweep_of_tool_call_times(tmp_path, capsys):
     assert seq0["wall_s"] - seq_first["wall_s"] == pytest.approx(2 * 6.0, abs=0.5)
     capsys.readouterr()
     assert main([*argv, "--env-s", "ten"]) == 2
-    assert "--env-s: expected seconds" in capsys.readouterr().out
+    assert "--env-s: expected seconds" in capsys.readouterr().err
+
+
+def test_the_fit_input_fits_what_the_raw_runs_fit(tmp_path):
+    """A result folder without its raw runs fits, checks and projects from its
+    fit_input.json exactly as from the runs it was written from, and the file
+    keeps only what the fit reads."""
+    import shutil
+
+    from areal_marlaas.sim.fit_input import FIT_INPUT, write_fit_input
+    from areal_marlaas.sim.project import simulate_bench
+
+    root = tmp_path / "bench"
+    root.mkdir()
+    write_bench(root, lambda mode: _truth())
+    run = root / "runs" / "async"
+    # Records the fit skips, and a task whose batches came back short.
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    events.insert(1, {"task": "m_0", "version": 0, "admission": "admit", "t": 0.0})
+    wait = {"task": "m_1", "version": 0, "phase": "wait", "start": 0, "end": 1}
+    events.insert(3, wait)
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    steps = [json.loads(x) for x in (run / "steps.jsonl").read_text().splitlines()]
+    for s in steps:
+        if s["task"] == "m_0":
+            s["n_trajectories"] = 9
+    (run / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+
+    for fit_modes in (None, ["async"]):
+        raw = simulate_bench(root, [1, 4], fit_modes=fit_modes)
+        write_fit_input(json.loads((root / "bench.json").read_text()), root)
+        shutil.move(root / "runs", tmp_path / "raw_runs")
+        try:
+            assert simulate_bench(root, [1, 4], fit_modes=fit_modes) == raw
+        finally:
+            shutil.move(tmp_path / "raw_runs", root / "runs")
+    data = json.loads((root / FIT_INPUT).read_text())
+    assert set(data["runs"]) == {label for label, _, _ in RUNS}
+    kept = {e[0] for r in data["runs"].values() for e in r["events"]}
+    assert kept == {"rollout", "train", "publish"}
+    assert data["runs"]["async"]["seqs"] == {"m_0": 9, "m_1": 16, "m_2": 16, "m_3": 16}

@@ -1,5 +1,6 @@
-"""What ``marlaas bench`` writes: bench.json, bench.md (tables), plots, and each
-run's logs with times relative to its start."""
+"""What ``marlaas bench`` writes: bench.json, bench.md (tables), plots, the
+simulator's fit input, and each run's logs with times relative to its start
+(under ``runs/``: raw, not for committing)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from areal.utils import logging
 
 from areal_marlaas.metrics.fmt import fmt
+from areal_marlaas.sim.fit_input import write_fit_input
 
 logger = logging.getLogger("MARLaaSBench")
 
@@ -368,13 +370,21 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     (out / "bench.md").write_text(format_markdown(result))
+    # What `marlaas simulate` fits from once the raw runs/ are left behind.
+    write_fit_input(result, out)
     try:
         plot_all(result, out)
     except Exception as e:  # plots are a convenience; the numbers are written
         logger.error(f"plotting failed: {type(e).__name__}: {e}")
-    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    # Only what gets committed counts: a result goes in without its raw runs/.
+    size = sum(
+        p.stat().st_size
+        for p in out.rglob("*")
+        if p.is_file() and "runs" not in p.relative_to(out).parts[:1]
+    )
     if size > OUT_LIMIT_BYTES:
         logger.warning(
-            f"{out} holds {size / 2**20:.1f} MiB (> 3 MiB): do not commit it as is"
+            f"{out} holds {size / 2**20:.1f} MiB (> 3 MiB) besides runs/: "
+            "do not commit it as is"
         )
     print(f"[bench] wrote {out} ({size / 1024:.0f} KiB)", flush=True)

@@ -1,6 +1,7 @@
 """``marlaas simulate``: fit latency models to a bench run, check the simulator
 against every measured configuration, then project to many tenants on a
-modelled cluster."""
+modelled cluster. A bench folder is its bench.json plus either its raw run
+folders or their fit input (``sim/fit_input.py``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from areal_marlaas.metrics.runlog import read_jsonl
 from areal_marlaas.scheduler.core import MODES
+from areal_marlaas.sim.fit_input import load_fit_input, ok_runs, raw_run
 from areal_marlaas.sim.latency import LatencyModels, RunLog, fit_models
 from areal_marlaas.sim.simulator import SimTask, simulate
 
@@ -24,15 +25,24 @@ def load_bench(path: str | Path) -> tuple[dict[str, Any], Path]:
     return json.loads(path.read_text()), path.parent
 
 
-def _ok_runs(result: dict[str, Any], root: Path) -> list[tuple[dict, list, list]]:
+def _ok_runs(
+    result: dict[str, Any], root: Path
+) -> list[tuple[dict, list, dict[str, int]]]:
+    """Each successful run with its events and batch sizes: from its raw folder
+    when there is one, else from the bench's fit input (what a committed result
+    holds)."""
     out = []
-    for r in result["runs"]:
-        if r.get("status") != "ok":
+    compact: dict[str, tuple[list, dict[str, int]]] | None = None
+    for r in ok_runs(result):
+        raw = raw_run(r, root)
+        if raw is not None:
+            if raw[0]:
+                out.append((r, *raw))
             continue
-        d = root / "runs" / r["label"]
-        events = read_jsonl(d / "events.jsonl")
-        if events:
-            out.append((r, events, read_jsonl(d / "steps.jsonl")))
+        if compact is None:
+            compact = load_fit_input(root)
+        if r["label"] in compact:
+            out.append((r, *compact[r["label"]]))
     return out
 
 
@@ -74,20 +84,13 @@ def sim_tasks(
 def run_log(
     run: dict[str, Any],
     events: list,
-    steps: list,
+    seqs: dict[str, int],
     profile: dict[str, str] | None = None,
 ) -> RunLog:
-    seqs = {t["name"]: t["batch_size"] * t["n_samples"] for t in run["tasks"]}
-    # The sequences that came back (failed requests are dropped) where known.
-    got: dict[str, list[int]] = {}
-    for s in steps:
-        if s.get("n_trajectories"):
-            got.setdefault(s["task"], []).append(s["n_trajectories"])
-    for task, ns in got.items():
-        seqs[task] = round(statistics.fmean(ns))
+    """``seqs``: per task, the sequences of one rollout batch (``task_seqs``)."""
     return RunLog(
         events,
-        seqs,
+        dict(seqs),
         {t["name"]: t.get("max_new_tokens") for t in run["tasks"]},
         dict(profile or {}),
     )
@@ -103,10 +106,10 @@ def fit_placements(
     only, when given: the other modes' runs are then predicted out of sample)."""
     by_placement: dict[str, list[RunLog]] = {}
     profile = profiles(result)
-    for r, events, steps in _ok_runs(result, root):
+    for r, events, seqs in _ok_runs(result, root):
         if fit_modes is not None and r["mode"] not in fit_modes:
             continue
-        log = run_log(r, events, steps, profile)
+        log = run_log(r, events, seqs, profile)
         by_placement.setdefault(r["placement"], []).append(log)
     models = {p: fit_models(logs, max_seqs) for p, logs in by_placement.items()}
     # Collocated runs are one task at a time: they cannot show batching gains,
