@@ -47,18 +47,22 @@ bench-rollout: setup
 bench-learning: setup
 	$(AREAL_VENV)/bin/marlaas bench-learning --config configs/learning.yaml
 
-# Every scheduling mode + ablation + concurrency sweep (extra overrides: BENCH_ARGS).
+# Every scheduling mode + ablation + concurrency sweep (extra overrides: BENCH_ARGS);
+# results in runs/bench (bench.out).
 bench: setup
 	$(AREAL_VENV)/bin/marlaas bench --config configs/bench.yaml $(BENCH_ARGS)
 
-# Simulator fitted to the bench: validation and projection (SIM_ARGS, e.g.
-# SIM_ARGS="--tenants 1,32,1000 --rollout-devices 8 --train-devices 8").
-# Poisson-arriving jobs at the async vs a FIFO service (extra overrides: BENCH_ARGS).
+# Poisson-arriving jobs at the async vs a FIFO service (extra overrides: BENCH_ARGS);
+# results in runs/bench_service (load.out).
 bench-service: setup
 	$(AREAL_VENV)/bin/marlaas bench-service --config configs/bench_service.yaml $(BENCH_ARGS)
 
+# Simulator fitted to the bench: validation and projection (SIM_ARGS, e.g.
+# SIM_ARGS="--tenants 1,32,1000 --rollout-devices 8 --train-devices 8"); fits the
+# committed result SIM_BENCH and writes runs/sim/sim.json and .md.
+SIM_BENCH ?= docs/results/bench
 simulate: setup
-	$(AREAL_VENV)/bin/marlaas simulate docs/results/bench $(SIM_ARGS)
+	$(AREAL_VENV)/bin/marlaas simulate $(SIM_BENCH) --out runs/sim/sim.json $(SIM_ARGS)
 
 # CPU serving: vLLM's LoRA ops vs our grouped plugin, bf16 vs float32 (~8 min).
 bench-cpu-lora: setup

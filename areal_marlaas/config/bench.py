@@ -110,8 +110,12 @@ class BenchConfig:
         default="async", metadata={"help": "Scheduler mode of the sweep runs."}
     )
     out: str = field(
-        default="docs/results/bench",
-        metadata={"help": "Where bench.json, bench.md, PNGs and run logs go."},
+        default="runs/bench",
+        metadata={
+            "help": "Where bench.json, bench.md, PNGs, the simulator's "
+            "fit_input.json and the raw run logs (runs/, never committed) go; "
+            "a result to keep is copied to docs/results/ without runs/."
+        },
     )
     work_dir: str = field(
         default="",

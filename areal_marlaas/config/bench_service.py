@@ -67,8 +67,11 @@ class ServiceLoadConfig:
         metadata={"help": "A run (all its jobs) is failed after this long."},
     )
     out: str = field(
-        default="docs/results/bench_service",
-        metadata={"help": "Folder for bench_service.json, .md and the plot."},
+        default="runs/bench_service",
+        metadata={
+            "help": "Folder for bench_service.json, .md and the plot (runs/ is "
+            "ignored: a result to keep is copied to docs/results/)."
+        },
     )
     work_dir: str = field(
         default="",
