@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from areal_marlaas.config.service import ServiceConfig, ServiceRunConfig
 from areal_marlaas.errors import ConfigError
+
+if TYPE_CHECKING:
+    from areal_marlaas.config.service import ServiceConfig, ServiceRunConfig
 
 
 def load_service_config(
@@ -29,6 +32,7 @@ def load_service_config(
     from pathlib import Path
 
     from areal_marlaas.config import load_config
+    from areal_marlaas.config.service import ServiceRunConfig
 
     if config_file is None:
         empty = Path(tempfile.mkdtemp(prefix="marlaas-service-")) / "service.yaml"
@@ -38,38 +42,54 @@ def load_service_config(
     return cfg
 
 
-def _parser() -> argparse.ArgumentParser:
+def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: a subcommand's default must not erase a --config given before it.
     common.add_argument(
         "--config", default=argparse.SUPPRESS, help="Main YAML (its service:)"
     )
-    p = argparse.ArgumentParser(
-        prog="marlaas service", description=__doc__.split("\n\n")[0], parents=[common]
+    return common
+
+
+def add_commands(sub: argparse._SubParsersAction, **defaults) -> None:
+    """The operator commands as subparsers of ``sub`` (this module's own parser
+    and the ``marlaas`` tree), each with ``defaults`` set. Imports nothing
+    heavy: ``--help`` stays fast."""
+    common = _common()
+    tenant = sub.add_parser(
+        "tenant",
+        help="Manage tenants and their API keys",
+        description="Manage tenants and their API keys",
     )
-    sub = p.add_subparsers(dest="command", required=True)
-    tenant = sub.add_parser("tenant", help="Manage tenants and their API keys")
+    tenant.set_defaults(**defaults)
     tsub = tenant.add_subparsers(dest="tenant_command", required=True)
     for name, text in (
         ("add", "Create a tenant; prints its API key once"),
         ("key", "Issue another API key for a tenant (rotation)"),
     ):
-        t = tsub.add_parser(name, help=text, parents=[common])
+        t = tsub.add_parser(name, help=text, description=text, parents=[common])
         t.add_argument("name")
-    tsub.add_parser(
-        "list", help="Tenants and their active key prefixes", parents=[common]
-    )
-    t = tsub.add_parser(
-        "revoke",
-        help="Revoke a tenant's keys (all: also disables it)",
-        parents=[common],
-    )
+    text = "Tenants and their active key prefixes"
+    tsub.add_parser("list", help=text, description=text, parents=[common])
+    text = "Revoke a tenant's keys (all: also disables it)"
+    t = tsub.add_parser("revoke", help=text, description=text, parents=[common])
     t.add_argument("name")
     t.add_argument("--key", default=None, help="Only keys with this display prefix")
-    sub.add_parser(
-        "admin-key", help="Print a new admin key (replaces the old)", parents=[common]
+    for name, text in (
+        ("admin-key", "Print a new admin key (replaces the old)"),
+        ("status", "Jobs per tenant with progress"),
+    ):
+        p = sub.add_parser(name, help=text, description=text, parents=[common])
+        p.set_defaults(**defaults)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="marlaas service",
+        description=__doc__.split("\n\n")[0],
+        parents=[_common()],
     )
-    sub.add_parser("status", help="Jobs per tenant with progress", parents=[common])
+    add_commands(p.add_subparsers(dest="command", required=True))
     return p
 
 
@@ -80,13 +100,19 @@ def _store(cfg: ServiceConfig):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, rest = _parser().parse_known_args(argv)
+    return run(args, rest)
+
+
+def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    """One parsed operator command, with the config overrides that name the
+    store."""
     from areal_marlaas.train.screen import quiet_console
 
     quiet_console()  # stdout carries keys and tables only
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args, rest = _parser().parse_known_args(argv)
     try:
-        cfg = load_service_config(getattr(args, "config", None), rest).service
+        cfg = load_service_config(getattr(args, "config", None), overrides).service
     except ConfigError as e:
         print(f"marlaas service: error: {e}", file=sys.stderr)
         return 2
