@@ -25,7 +25,7 @@ from areal.api.cli_args import GRPOConfig, load_expr_config
 from areal.trainer.rl_trainer import PPOTrainer
 from datasets import Dataset
 
-from areal_marlaas.models import prepare_default_model
+from areal_marlaas.model_prep import prepare_default_model
 from areal_marlaas.rollout.engine import SingleTaskvLLMEngine
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
 from areal_marlaas.train.engine import OnPolicyFSDPPPOActor

@@ -20,7 +20,7 @@ from pathlib import Path
 import requests
 
 from areal_marlaas.adapters import init_lora_adapter
-from areal_marlaas.models import prepare_default_model
+from areal_marlaas.model_prep import prepare_default_model
 from areal_marlaas.rollout.server import (
     MultiLoRAvLLMConfig,
     RolloutServerConfig,

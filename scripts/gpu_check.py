@@ -81,7 +81,7 @@ BUDGETS: dict[str, float] = {
 }
 
 # Modules whose import means "the plugin's trainer can run with this interpreter".
-TRAINER_IMPORTS = "areal_marlaas.train.engine,areal_marlaas.models"
+TRAINER_IMPORTS = "areal_marlaas.train.engine,areal_marlaas.model_prep"
 # Heavy AReaL imports that no single-process FSDP step calls; on an offline machine
 # without them, scripts/gpu_check_steps/offline_stubs stands in (recorded).
 STUB_MODULES = "ray,wandb,swanlab,trackio"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from areal.api.cli_args import GenerationHyperparameters
 
-from areal_marlaas.models import prepare_default_model
+from areal_marlaas.model_prep import prepare_default_model
 from areal_marlaas.tools.local_search import LocalSearchServer, LocalSearchSpec
 from areal_marlaas.tools.search_client import loop_session
 from areal_marlaas.workflows.search_agent import SearchAgentWorkflow

@@ -17,7 +17,7 @@ SHARED_DATA = Path(
 
 @pytest.fixture(scope="session")
 def model_path() -> Path:
-    from areal_marlaas.models import prepare_default_model
+    from areal_marlaas.model_prep import prepare_default_model
 
     return prepare_default_model()
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from areal_marlaas.bench.train_step import make_batch, summarize
-from areal_marlaas.models import make_tiny_model
+from areal_marlaas.model_prep import make_tiny_model
 
 
 def test_batch_is_on_policy_and_masks_the_prompt():

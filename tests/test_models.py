@@ -26,7 +26,7 @@ def test_default_model_tokenizer_round_trips_text(model_path):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_tiny_model_loads_and_runs(tmp_path, arch):
-    from areal_marlaas.models import make_tiny_model
+    from areal_marlaas.model_prep import make_tiny_model
 
     path = make_tiny_model(tmp_path / arch, arch=arch, seed=1)
     model = AutoModelForCausalLM.from_pretrained(path)

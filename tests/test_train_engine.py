@@ -14,7 +14,7 @@ from areal.engine.fsdp_engine import FSDPPPOActor
 from areal.utils.network import find_free_ports
 from transformers import AutoModelForCausalLM
 
-from areal_marlaas.models import make_tiny_model
+from areal_marlaas.model_prep import make_tiny_model
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor, StaleBatchError, _full
 
 from .helpers import assert_bitwise_equal, lora_snapshot, optimizer_snapshot

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 
 from areal_marlaas.config import TaskSpec
 from areal_marlaas.config.server import RolloutServerConfig
-from areal_marlaas.models import prepare_default_model
+from areal_marlaas.model_prep import prepare_default_model
 from areal_marlaas.rollout.engine import SingleTaskvLLMEngine
 from areal_marlaas.tasks import KINDS, load_task_rows
 from areal_marlaas.train.engine import OnPolicyFSDPPPOActor

@@ -10,14 +10,14 @@ from areal_marlaas.cli.args import add_command, fail
 
 
 def _prepare_model(args: argparse.Namespace) -> int:
-    from areal_marlaas.models import prepare_default_model
+    from areal_marlaas.model_prep import prepare_default_model
 
     print(prepare_default_model(args.out, force=args.force))
     return 0
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
-    from areal_marlaas.models import make_tiny_model
+    from areal_marlaas.model_prep import make_tiny_model
 
     print(make_tiny_model(args.out, arch=args.arch, seed=args.seed))
     return 0
