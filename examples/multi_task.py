@@ -16,8 +16,8 @@ from areal.utils.hf_utils import load_hf_tokenizer
 
 from areal_marlaas.admission import KVModel
 from areal_marlaas.config import load_config
-from areal_marlaas.manager.store import RunStore
 from areal_marlaas.rollout.session import RolloutSession
+from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
 from areal_marlaas.train.trainer import add_tenant, single_rank_env

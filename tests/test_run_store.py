@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from areal_marlaas.manager.data import TaskData
-from areal_marlaas.manager.store import RunStore
 from areal_marlaas.metrics.runlog import read_jsonl
+from areal_marlaas.rundir.writer import RunStore
 
 
 def fake_adapter(store: RunStore, task: str, version: int) -> None:

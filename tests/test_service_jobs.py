@@ -152,7 +152,7 @@ def test_restart_records_checkpoints_the_run_store_committed_but_the_db_missed(
 ):
     """A crash between the run store's commit and the database write: the next
     start adds exactly the missing checkpoints (none twice)."""
-    from areal_marlaas.manager.store import RunStore
+    from areal_marlaas.rundir.writer import RunStore
     from areal_marlaas.service.runner import ServiceRunner
     from areal_marlaas.service.store import JobStore, NewJob
 

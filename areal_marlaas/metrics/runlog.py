@@ -1,6 +1,6 @@
 """Reading a run directory: the one home of its readers.
 
-The run store (``manager/store.py``) writes ``events.jsonl``, ``steps.jsonl``,
+The run store (``rundir/writer.py``) writes ``events.jsonl``, ``steps.jsonl``,
 ``summary.json`` and ``tasks/<task>/...``; everything that reads them back (report,
 bench, simulator, learning benchmark) goes through here.
 """

@@ -27,7 +27,7 @@ from areal.utils import logging
 
 from areal_marlaas import trajectory
 from areal_marlaas.manager.data import TaskData
-from areal_marlaas.manager.store import RunStore
+from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.scheduler.core import (
     Action,
     AdmissionError,

@@ -1,0 +1,1 @@
+"""The run directory: its writer (atomic commits, JSONL logs) and its readers."""
