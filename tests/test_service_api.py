@@ -15,7 +15,7 @@ from openai.types.fine_tuning.jobs import FineTuningJobCheckpoint
 from sqlalchemy import select
 
 from areal_marlaas.service.auth import new_admin_key
-from areal_marlaas.service.models import JobAction
+from areal_marlaas.service.tables import JobAction
 from tests.service_helpers import (
     BASE,
     GRADER,

@@ -28,7 +28,6 @@ from areal_marlaas.service.db import (
     make_engine,
     upgrade_to_head,
 )
-from areal_marlaas.service.models import ApiKey, Base, Event
 from areal_marlaas.service.store import (
     InvalidAction,
     InvalidTransition,
@@ -38,6 +37,7 @@ from areal_marlaas.service.store import (
     NotFound,
     effective_status,
 )
+from areal_marlaas.service.tables import ApiKey, Base, Event
 
 BODY = b'{"messages": [{"role": "user", "content": "1 + 1?"}], "answer": "2"}\n' * 4
 TABLES = {

@@ -2,8 +2,8 @@
 under ``/v1`` (the official ``openai`` SDK is the reference client), an inference
 proxy, ``/metrics`` and ``/health``.
 
-The API inserts requests (files, jobs, cancel/pause/resume actions) and reads; the
-scheduler owns every job's progress. See ``store.py`` for that seam.
+The API inserts requests (files, jobs, cancel/pause/resume actions) and reads;
+which process writes what is in ``areal_marlaas.service.store``.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from pathlib import Path
 from fastapi import Request
 
 from areal_marlaas.service.errors import APIError
-from areal_marlaas.service.models import Tenant
 from areal_marlaas.service.store import JobStore, hash_key, new_api_key
+from areal_marlaas.service.tables import Tenant
 
 ADMIN_PREFIX = "sk-marlaas-admin-"
 

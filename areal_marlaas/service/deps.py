@@ -11,9 +11,9 @@ from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.graders import GradingContext
 from areal_marlaas.service.auth import authenticate
 from areal_marlaas.service.metrics import ServiceMetrics
-from areal_marlaas.service.models import Tenant
 from areal_marlaas.service.router import ModelRouter
 from areal_marlaas.service.store import JobStore
+from areal_marlaas.service.tables import Tenant
 
 
 @dataclass

@@ -21,7 +21,7 @@ from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.graders import parse_grader
 from areal_marlaas.graders.templates import Ref, Template, TemplateError, resolve
 from areal_marlaas.service.grading import marlaas_kind
-from areal_marlaas.service.models import Job
+from areal_marlaas.service.tables import Job
 from areal_marlaas.tasks.messages import check_messages_row
 
 # Fields a built-in kind's reward reads from each line.

@@ -18,8 +18,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from areal_marlaas.service.models import QUEUED, STATUSES
 from areal_marlaas.service.store import JobStore
+from areal_marlaas.service.tables import QUEUED, STATUSES
 
 # Seconds; TTFS spans queueing, so it reaches hours on a busy pool.
 TTFS_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, float("inf"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal_marlaas.service.models import Checkpoint, Event, File, Job
+from areal_marlaas.service.tables import Checkpoint, Event, File, Job
 
 # The supervised-style summary the SDK's `FineTuningJob.hyperparameters` declares.
 _SUMMARY = ("batch_size", "learning_rate_multiplier", "n_epochs")

@@ -10,8 +10,8 @@ from starlette.datastructures import UploadFile
 from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.service.deps import state, tenant_of
 from areal_marlaas.service.errors import APIError, bad_request
-from areal_marlaas.service.models import Tenant
 from areal_marlaas.service.objects import file_object, list_object
+from areal_marlaas.service.tables import Tenant
 from areal_marlaas.service.uploads import (
     UploadError,
     sanitize_filename,

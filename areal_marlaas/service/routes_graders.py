@@ -18,7 +18,7 @@ from areal_marlaas.graders import (
 )
 from areal_marlaas.service.deps import state, tenant_of
 from areal_marlaas.service.errors import bad_request
-from areal_marlaas.service.models import Tenant
+from areal_marlaas.service.tables import Tenant
 from areal_marlaas.service.validation import parse_json_object
 
 

@@ -11,7 +11,6 @@ from fastapi.concurrency import run_in_threadpool
 
 from areal_marlaas.service.deps import state, tenant_of
 from areal_marlaas.service.errors import bad_request
-from areal_marlaas.service.models import File, Job, Tenant
 from areal_marlaas.service.objects import (
     checkpoint_object,
     event_object,
@@ -20,6 +19,7 @@ from areal_marlaas.service.objects import (
 )
 from areal_marlaas.service.routes_files import check_limit
 from areal_marlaas.service.store import JobStore, NewJob
+from areal_marlaas.service.tables import File, Job, Tenant
 from areal_marlaas.service.validation import (
     method_object,
     parse_job_request,

@@ -20,9 +20,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from areal_marlaas.service.deps import AppState, state, tenant_of
 from areal_marlaas.service.errors import NO_RETRY, APIError, bad_request
-from areal_marlaas.service.models import Tenant
 from areal_marlaas.service.objects import model_object
 from areal_marlaas.service.router import ModelNotFound, Route, UpstreamError
+from areal_marlaas.service.tables import Tenant
 from areal_marlaas.service.validation import parse_json_object
 
 logger = logging.getLogger("MARLaaSService")

@@ -37,7 +37,10 @@ from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
 from areal_marlaas.service import jobs as jobspec
 from areal_marlaas.service.grading import service_grader_validator
 from areal_marlaas.service.metrics import ServiceMetrics
-from areal_marlaas.service.models import (
+from areal_marlaas.service.router import VLLMModelRouter
+from areal_marlaas.service.server import run_api
+from areal_marlaas.service.store import JobStore
+from areal_marlaas.service.tables import (
     CANCELLED,
     PAUSED,
     QUEUED,
@@ -47,9 +50,6 @@ from areal_marlaas.service.models import (
     VALIDATING,
     Job,
 )
-from areal_marlaas.service.router import VLLMModelRouter
-from areal_marlaas.service.server import run_api
-from areal_marlaas.service.store import JobStore
 from areal_marlaas.train.screen import make_stats_logger
 from areal_marlaas.train.trainer import MultiTaskTrainer, add_tenant
 

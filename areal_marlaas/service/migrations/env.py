@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 
 from areal_marlaas.service.db import make_engine
-from areal_marlaas.service.models import Base
+from areal_marlaas.service.tables import Base
 
 target_metadata = Base.metadata
 

@@ -153,8 +153,8 @@ class Job(Base):
 
 
 class JobAction(Base):
-    """A tenant's cancel/pause/resume request; the scheduler applies it and sets
-    ``handled_at`` (the API never changes a job's status itself)."""
+    """A tenant's cancel/pause/resume request; the scheduler sets ``handled_at``
+    once it applied or ignored it."""
 
     __tablename__ = "job_actions"
     __table_args__ = {"sqlite_autoincrement": True}
