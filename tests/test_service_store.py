@@ -29,12 +29,16 @@ from areal_marlaas.service.db import (
     upgrade_to_head,
 )
 from areal_marlaas.service.store import (
+    ApiJobStore,
+    FileStore,
     InvalidAction,
     InvalidTransition,
     JobStore,
     LimitExceeded,
     NewJob,
     NotFound,
+    ProgressStore,
+    TenantStore,
     effective_status,
 )
 from areal_marlaas.service.tables import ApiKey, Base, Event
@@ -200,6 +204,25 @@ def test_sqlite_runs_in_wal_mode_with_foreign_keys(tmp_path):
 
 
 # -- tenants and keys ----------------------------------------------------------------
+
+
+PROGRESS_WRITERS = {
+    "set_status",
+    "fail_job",
+    "record_step",
+    "record_checkpoint",
+    "set_plan",
+    "add_event",
+    "mark_action_handled",
+    "add_result_file",
+}
+
+
+def test_only_the_scheduler_part_of_the_store_writes_progress():
+    assert PROGRESS_WRITERS <= set(dir(ProgressStore))
+    for part in (TenantStore, FileStore, ApiJobStore):
+        assert not PROGRESS_WRITERS & set(dir(part)), part.__name__
+    assert issubclass(JobStore, (TenantStore, ApiJobStore, ProgressStore))
 
 
 def test_keys_are_stored_hashed_and_can_be_revoked(store):
