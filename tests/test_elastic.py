@@ -12,7 +12,7 @@ import torch
 from areal_marlaas.bench.plan import plan_runs
 from areal_marlaas.config import ConfigError
 from areal_marlaas.config.scheduler import MARLaaSSchedulerConfig
-from areal_marlaas.metrics.runlog import read_jsonl
+from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.scheduler.runtime import Runtime
 from areal_marlaas.train.elastic import ElasticCores, ElasticTrainBackend
 from tests.test_bench_metrics import BENCH_YAML

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from areal_marlaas.metrics.runlog import read_jsonl
+from areal_marlaas.rundir.reader import read_jsonl
 
 from .conftest import REPO
 

@@ -18,7 +18,6 @@ import pytest
 
 from areal_marlaas.config import FaultToleranceConfig
 from areal_marlaas.errors import ConfigError
-from areal_marlaas.metrics.runlog import read_jsonl
 from areal_marlaas.rollout import reaper
 from areal_marlaas.rollout.server import (
     RolloutServerConfig,
@@ -31,6 +30,7 @@ from areal_marlaas.rollout.supervisor import (
     ServerSupervisor,
     SupervisedRollout,
 )
+from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.workflows.reward import (
     IsolatedReward,

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from areal_marlaas.config import load_config
-from areal_marlaas.metrics.runlog import read_jsonl
 from areal_marlaas.rollout.reaper import group_members
+from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.train.trainer import MultiTaskTrainer
 
 from .conftest import REPO

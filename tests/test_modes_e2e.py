@@ -8,7 +8,7 @@ import json
 import pytest
 
 from areal_marlaas.config import load_config
-from areal_marlaas.metrics.runlog import read_jsonl
+from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.train.trainer import MultiTaskTrainer
 
 from .conftest import REPO

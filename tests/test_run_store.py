@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from areal_marlaas.manager.data import TaskData
-from areal_marlaas.metrics.runlog import read_jsonl
+from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.rundir.writer import RunStore
 
 

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from areal_marlaas.config import load_config
-from areal_marlaas.metrics.runlog import read_jsonl
+from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
 from areal_marlaas.train.trainer import MultiTaskTrainer
 

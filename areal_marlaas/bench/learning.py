@@ -24,7 +24,7 @@ from typing import Any
 from areal.utils import logging
 
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
-from areal_marlaas.metrics.runlog import rewards_of
+from areal_marlaas.rundir.reader import rewards_of
 from areal_marlaas.trajectory import failure_reason
 
 logger = logging.getLogger("MARLaaSLearning")

@@ -20,7 +20,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from areal_marlaas.metrics.runlog import load_run, phase_records
+from areal_marlaas.rundir.reader import load_run, phase_records
 
 __all__ = ["load_run", "ratios", "run_metrics", "utilization", "window"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from areal_marlaas.metrics.runlog import read_jsonl
+from areal_marlaas.rundir.reader import read_jsonl
 
 COLORS = {
     "wait": "gold",  # held by admission, a sync barrier or its turn

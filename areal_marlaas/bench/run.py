@@ -42,9 +42,9 @@ from areal_marlaas.config import (
 )
 from areal_marlaas.config.loader import compose_yaml, parse_args, resolve_tasks_path
 from areal_marlaas.metrics.report import phase_stats
-from areal_marlaas.metrics.runlog import load_run
 from areal_marlaas.placement import parse_cpus, pin_current_process
 from areal_marlaas.procs import stop_group, tail
+from areal_marlaas.rundir.reader import load_run
 
 logger = logging.getLogger("MARLaaSBench")
 

@@ -8,7 +8,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from areal_marlaas.metrics.runlog import PHASES, phase_records, read_jsonl
+from areal_marlaas.rundir.reader import PHASES, phase_records, read_jsonl
 
 
 def phase_stats(run_dir: str | Path) -> dict[str, dict[str, dict[str, float]]]:

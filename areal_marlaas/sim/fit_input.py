@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from areal_marlaas.metrics.runlog import phase_records, read_jsonl
+from areal_marlaas.rundir.reader import phase_records, read_jsonl
 
 FIT_INPUT = "fit_input.json"
 FORMAT = 1
