@@ -16,7 +16,7 @@ from areal_marlaas.bench.metrics import (
     utilization,
 )
 from areal_marlaas.config import ConfigError
-from areal_marlaas.metrics.report import phase_stats
+from areal_marlaas.rundir.phases import phase_stats
 
 T0 = 1000.0
 

@@ -70,7 +70,7 @@ def test_task_data_cursor_resumes_the_same_order():
 
 
 def test_phase_report_aggregates_events_per_task(tmp_path):
-    from areal_marlaas.metrics.report import format_phase_stats, phase_stats
+    from areal_marlaas.rundir.phases import format_phase_stats, phase_stats
 
     store = RunStore(tmp_path)
     store.event("a", 0, "rollout", 0.0, 2.0)

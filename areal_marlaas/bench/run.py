@@ -41,9 +41,9 @@ from areal_marlaas.config import (
     load_config,
 )
 from areal_marlaas.config.loader import compose_yaml, parse_args, resolve_tasks_path
-from areal_marlaas.metrics.report import phase_stats
 from areal_marlaas.placement import parse_cpus, pin_current_process
 from areal_marlaas.procs import stop_group, tail
+from areal_marlaas.rundir.phases import phase_stats
 from areal_marlaas.rundir.reader import load_run
 
 logger = logging.getLogger("MARLaaSBench")

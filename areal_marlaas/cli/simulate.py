@@ -12,7 +12,7 @@ from areal_marlaas.cli.args import add_command, comma_list, positive_int
 
 
 def _report(args: argparse.Namespace) -> int:
-    from areal_marlaas.metrics.report import format_phase_stats, phase_stats
+    from areal_marlaas.rundir.phases import format_phase_stats, phase_stats
 
     print(format_phase_stats(phase_stats(args.run_dir)))
     return 0
