@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from areal_marlaas.manager.data import TaskData
 from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.rundir.writer import RunStore
+from areal_marlaas.tasks.prompt_order import TaskData
 
 
 def fake_adapter(store: RunStore, task: str, version: int) -> None:

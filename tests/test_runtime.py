@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from areal_marlaas.manager.data import TaskData
 from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions, TaskRun
+from areal_marlaas.tasks.prompt_order import TaskData
 from areal_marlaas.train.pool import TrainerPool
 from areal_marlaas.trajectory import failure
 

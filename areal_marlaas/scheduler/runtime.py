@@ -26,7 +26,6 @@ from typing import Any, Protocol
 from areal.utils import logging
 
 from areal_marlaas import trajectory
-from areal_marlaas.manager.data import TaskData
 from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.scheduler.core import (
     Action,
@@ -49,6 +48,7 @@ from areal_marlaas.scheduler.core import (
     TaskPaused,
     TrainDone,
 )
+from areal_marlaas.tasks.prompt_order import TaskData
 
 logger = logging.getLogger("MARLaaSRuntime")
 

@@ -22,12 +22,12 @@ from areal_marlaas import admission
 from areal_marlaas.admission import KVModel
 from areal_marlaas.cluster import close_scheduler, make_scheduler
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
-from areal_marlaas.manager.data import TaskData
 from areal_marlaas.placement import parse_cpus, pin_current_process
 from areal_marlaas.rollout.session import RolloutSession
 from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions, TaskRun
 from areal_marlaas.tasks import load_task_rows
+from areal_marlaas.tasks.prompt_order import TaskData
 from areal_marlaas.tools.local_search import stop_local_search_servers
 from areal_marlaas.train import screen
 from areal_marlaas.train.elastic import ElasticCores, ElasticTrainBackend

@@ -1,1 +1,0 @@
-"""Per-task state, data cursors and the run directory (atomic commits)."""
