@@ -10,7 +10,7 @@ from typing import Any
 
 from areal.utils import logging
 
-from areal_marlaas.metrics.fmt import fmt
+from areal_marlaas.fmt import fmt
 from areal_marlaas.sim.fit_input import write_fit_input
 
 logger = logging.getLogger("MARLaaSBench")

@@ -20,7 +20,7 @@ from areal.utils import logging
 
 from areal_marlaas.adapters import adapter_name, init_lora_adapter
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
-from areal_marlaas.metrics.fmt import fmt
+from areal_marlaas.fmt import fmt
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.rollout.session import RolloutSession
 from areal_marlaas.rundir.writer import RunStore

@@ -23,7 +23,7 @@ from typing import Any
 from areal.utils import logging as areal_logging
 
 from areal_marlaas.config import MARLaaSConfig
-from areal_marlaas.metrics.fmt import fmt
+from areal_marlaas.fmt import fmt
 
 _CONSOLE_HANDLERS = ("plainHandler", "coloredHandler", "systemHandler")
 # Set in a worker's environment (LocalScheduler spec) when the screen is quiet:

@@ -1,1 +1,0 @@
-"""Reading run directories back: phase times, per-task tables."""
