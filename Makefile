@@ -70,7 +70,8 @@ bench-cpu-lora: setup
 
 # GPU check (docs/gpu_check.md): builds what is missing (CUDA venvs, bf16 model;
 # cached, outside the deadline), then runs the plugin on CUDA within a global
-# deadline (default 570 s); gpu_check.json/.md go to $OUT, else docs/results/gpu.
+# deadline (default 570 s); gpu_check.json/.md go to $OUT, else runs/gpu_check
+# (committed by hand under docs/results/gpu/). Refused without a GPU: use gpu-check-dry.
 # Stdlib-only script: any python3 runs it (GPU_CHECK_ARGS, e.g. --wheelhouse DIR).
 GPU_CHECK_PYTHON ?= python3
 gpu-check:

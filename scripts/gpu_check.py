@@ -24,8 +24,14 @@ Steps, in order, each a subprocess in its own process group with its own time bu
 
 A step whose requirement is missing (no GPU, no CUDA vLLM, AReaL not importable) is
 skipped with the reason. ``gpu_check.json`` and ``gpu_check.md`` are rewritten after
-every step under $OUT if set, else --out (default docs/results/gpu); the summary table
-is printed last.
+every step under $OUT if set, else --out (default runs/gpu_check, git-ignored; a GPU
+run's files are committed by hand under docs/results/gpu/, see docs/gpu_check.md);
+the summary table is printed last.
+
+On a machine without a GPU (no nvidia-smi listing one, no /dev/nvidia0) the check
+refuses to run and writes nothing: a CPU run would read like a GPU result. There,
+``make gpu-check-dry`` (``--dry-run``) checks the plan and the environment;
+``--allow-no-gpu`` (developing this script) or ``--allow-cpu`` runs it anyway.
 
 This file holds the runner (deadlines, timeouts, process groups) and the report;
 each step's code is in scripts/gpu_check_steps/. Only the standard library: this runs
@@ -69,6 +75,7 @@ from gpu_check_steps.common import (  # noqa: E402
 from gpu_check_steps.cuda_steps import bench_modes  # noqa: E402
 from gpu_check_steps.environment import (  # noqa: E402
     gather_facts,
+    gpu_listed,
     machine_facts,
     network_ok,
 )
@@ -88,6 +95,11 @@ RESERVE_S = 12.0
 MIN_START_S = 15.0
 KILL_GRACE_S = 4.0
 LOG_CAP_CHARS = 300_000
+# Where a real run writes without $OUT or --out: ignored by git, so that only a GPU
+# run's files, copied by hand, land in docs/results/gpu/.
+DEFAULT_OUT = REPO / "runs" / "gpu_check"
+# The exit status of a real run refused for want of a GPU.
+EXIT_NO_GPU = 3
 
 # Documented CPU numbers to print beside the GPU ones (docs/cpu_serving.md).
 CPU_LOGPROB_GAP = {"bfloat16": 0.035, "float32": "<1e-4"}
@@ -688,7 +700,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--out",
         default=None,
-        help="results folder (default: $OUT, else docs/results/gpu; "
+        help="results folder (default: $OUT, else runs/gpu_check; "
         "dry run: runs/gpu-check-dry)",
     )
     ap.add_argument(
@@ -728,7 +740,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--allow-cpu",
         action="store_true",
-        help="run GPU steps on the CPU (testing the steps)",
+        help="run GPU steps on the CPU (testing the steps; implies --allow-no-gpu)",
+    )
+    ap.add_argument(
+        "--allow-no-gpu",
+        action="store_true",
+        help="run without a GPU (developing this script: the GPU steps are "
+        "skipped); without it a machine with no GPU is refused, and "
+        "`make gpu-check-dry` is the check to run there",
     )
     ap.add_argument(
         "--shaped-random",
@@ -779,7 +798,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         elif args.dry_run:
             args.out = str(REPO / "runs" / "gpu-check-dry")
         else:
-            args.out = str(REPO / "docs" / "results" / "gpu")
+            args.out = str(DEFAULT_OUT)
     args.out_resolved = str(Path(args.out).resolve())
     if args.wheelhouse:
         args.wheelhouse = str(Path(args.wheelhouse).resolve())
@@ -839,6 +858,13 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Ctx(args=args, out=out, work=work)
     steps = apply_selection(make_steps(), args)
     errors = validate_plan(steps, args.deadline_s)
+    machine = None
+    if not args.dry_run:
+        # Before anything is written: a CPU run's files would read like a GPU result.
+        machine = machine_facts()
+        if not (gpu_listed(machine) or args.allow_no_gpu or args.allow_cpu):
+            print(no_gpu_message(machine), file=sys.stderr)
+            return EXIT_NO_GPU
     work.mkdir(parents=True, exist_ok=True)
     if args.dry_run:
         return dry_run(ctx, steps, errors)
@@ -848,7 +874,7 @@ def main(argv: list[str] | None = None) -> int:
     if (out / "gpu_check.log").exists():
         (out / "gpu_check.log").unlink()
     # Cheap facts first, so the build step knows what is missing.
-    ctx.facts["machine"] = machine_facts()
+    ctx.facts["machine"] = machine
     ctx.facts["network"] = network_ok(sys.executable, args)
     signal.signal(signal.SIGTERM, _sigterm)
     runner = Runner(steps, ctx, args.deadline_s, report=lambda r: write_reports(r))
@@ -863,6 +889,18 @@ def main(argv: list[str] | None = None) -> int:
     doc = write_reports(runner)
     print_summary(runner, doc)
     return 0
+
+
+def no_gpu_message(machine: dict[str, Any]) -> str:
+    smi = (machine.get("nvidia_smi") or "absent")[:200]
+    dev = "present" if machine.get("dev_nvidia0") else "absent"
+    return (
+        f"[gpu-check] no GPU here (nvidia-smi: {smi}, /dev/nvidia0: {dev}): not "
+        "running, since its files would read like a GPU result. Use `make "
+        "gpu-check-dry` (scripts/gpu_check.py --dry-run) to check the plan and the "
+        "environment without a GPU; --allow-no-gpu runs it anyway (developing this "
+        "script)."
+    )
 
 
 def _sigterm(signum, frame):

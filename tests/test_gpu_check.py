@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -285,3 +286,119 @@ except KeyboardInterrupt:
     doc = json.loads((out / "gpu_check.json").read_text())
     assert doc["steps"][0]["status"] == "failed"
     assert "interrupted" in doc["steps"][0]["reason"]
+
+
+NO_GPU = {"nvidia_smi": None, "dev_nvidia0": False}
+ALL_BUT_BUILD = (
+    "setup,model,trainer_cuda,rollout_multilora,logprob_agreement,quickstart,bench"
+)
+
+
+def test_a_gpu_is_what_nvidia_smi_lists_or_the_device_node():
+    h200 = "NVIDIA H200, 143771 MiB, 570.86.15, 9.0"
+    assert gc.gpu_listed({"nvidia_smi": h200, "dev_nvidia0": True})
+    assert gc.gpu_listed({"nvidia_smi": None, "dev_nvidia0": True})
+    assert not gc.gpu_listed(NO_GPU)
+    broken = "NVIDIA-SMI has failed because it couldn't communicate with the driver"
+    assert not gc.gpu_listed({"nvidia_smi": broken, "dev_nvidia0": False})
+
+
+def test_the_real_run_without_a_gpu_refuses_before_writing(
+    tmp_path, monkeypatch, capsys
+):
+    # In-process with the machine facts of a GPU-less box: runs on any machine.
+    monkeypatch.setattr(gc, "machine_facts", lambda: dict(NO_GPU))
+    monkeypatch.setenv("MARLAAS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("OUT", raising=False)
+    out = tmp_path / "out"
+
+    rc = gc.main(["--out", str(out), "--offline"])
+
+    assert rc == gc.EXIT_NO_GPU != 0
+    assert "make gpu-check-dry" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def _files(root: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(root)): p.stat().st_mtime_ns
+        for p in root.rglob("*")
+        if p.is_file()
+    }
+
+
+def _gpu_less_copy(tmp_path: Path) -> Path:
+    """The script, its steps and the Makefile in a repository-shaped folder."""
+    if gc.gpu_listed(gc.machine_facts()):
+        pytest.skip("this machine has a GPU")
+    copy = tmp_path / "repo"
+    shutil.copytree(
+        REPO / "scripts" / "gpu_check_steps",
+        copy / "scripts" / "gpu_check_steps",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    shutil.copy(SCRIPT, copy / "scripts" / "gpu_check.py")
+    shutil.copy(REPO / "Makefile", copy / "Makefile")
+    (copy / "docs" / "results" / "gpu").mkdir(parents=True)
+    return copy
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    env["MARLAAS_CACHE"] = str(tmp_path / "cache")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # so that "nothing written" is exact
+    return env
+
+
+@pytest.mark.parametrize("via", ["make", "script"])
+def test_make_gpu_check_without_a_gpu_refuses_and_writes_nothing(via, tmp_path):
+    copy = _gpu_less_copy(tmp_path)
+    if via == "make":
+        if not shutil.which("make"):
+            pytest.skip("no make")
+        argv = ["make", "-s", "gpu-check", f"GPU_CHECK_PYTHON={sys.executable}"]
+    else:
+        argv = [sys.executable, "scripts/gpu_check.py"]
+    before = _files(copy)
+
+    p = subprocess.run(
+        argv, cwd=copy, env=_env(tmp_path), capture_output=True, text=True, timeout=60
+    )
+
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "make gpu-check-dry" in p.stderr
+    assert _files(copy) == before  # nothing under docs/, runs/ or anywhere else
+    assert not (tmp_path / "cache").exists()
+
+
+def test_allow_no_gpu_runs_without_a_gpu_into_the_ignored_default(tmp_path):
+    copy = _gpu_less_copy(tmp_path)
+    p = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "--allow-no-gpu", "--offline"]
+        + ["--skip", ALL_BUT_BUILD],
+        cwd=copy,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads((copy / "runs" / "gpu_check" / "gpu_check.json").read_text())
+    assert doc["machine"]["nvidia_smi"] is None and doc["gpu"] is None
+    assert not any((copy / "docs" / "results" / "gpu").iterdir())
+
+
+def test_results_default_to_ignored_folders_not_docs(monkeypatch):
+    monkeypatch.delenv("OUT", raising=False)
+    ignored = (REPO / ".gitignore").read_text().splitlines()
+    assert "/runs/" in ignored
+    for argv, folder in (([], "gpu_check"), (["--dry-run"], "gpu-check-dry")):
+        out = Path(gc.parse_args(argv).out)
+        assert out == REPO / "runs" / folder, argv
+    monkeypatch.setenv("OUT", "/tmp/device-out")
+    assert gc.parse_args([]).out == "/tmp/device-out"
+    help_text = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True
+    ).stdout
+    assert "--allow-no-gpu" in help_text and "make gpu-check-dry" in help_text
