@@ -19,8 +19,8 @@ from pathlib import Path
 from areal.utils import logging
 
 from areal_marlaas.config import ConfigError, MARLaaSConfig, TaskSpec
-from areal_marlaas.rollout.metrics import capacity_tokens, scrape
 from areal_marlaas.rollout.platform import resolve_platform, server_block_size
+from areal_marlaas.rollout.server_metrics import capacity_tokens, scrape
 
 logger = logging.getLogger("MARLaaSAdmission")
 

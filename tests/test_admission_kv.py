@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from areal_marlaas.admission import KVModel, task_kv_bytes
-from areal_marlaas.rollout.metrics import capacity_tokens, parse_metrics, scrape
+from areal_marlaas.rollout.server_metrics import capacity_tokens, parse_metrics, scrape
 
 pytestmark = pytest.mark.vllm
 

@@ -11,7 +11,7 @@ import requests
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
-from areal_marlaas.rollout.metrics import scrape
+from areal_marlaas.rollout.server_metrics import scrape
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
 
 from .helpers import LeaseLog, ok, trajectory_summary

@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 from areal.utils import logging
 
-from areal_marlaas.rollout.metrics import scrape
+from areal_marlaas.rollout.server_metrics import scrape
 
 logger = logging.getLogger("MARLaaSBenchSampler")
 

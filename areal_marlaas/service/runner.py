@@ -30,7 +30,7 @@ from areal.utils.hf_utils import load_hf_tokenizer
 
 from areal_marlaas import admission
 from areal_marlaas.config.service import ServiceRunConfig
-from areal_marlaas.rollout.metrics import scrape
+from areal_marlaas.rollout.server_metrics import scrape
 from areal_marlaas.rollout.session import RolloutSession
 from areal_marlaas.rundir.reader import task_steps
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
