@@ -12,7 +12,7 @@ import openai
 from sqlalchemy import select
 
 from areal_marlaas.config.service import ServiceConfig
-from areal_marlaas.service.metrics import ServiceMetrics
+from areal_marlaas.service.prometheus import ServiceMetrics
 from areal_marlaas.service.server import ApiServer, run_api
 from areal_marlaas.service.store import JobStore
 from areal_marlaas.service.tables import Checkpoint, Event, File, Job, JobAction

@@ -28,7 +28,7 @@ from areal_marlaas.service.errors import (
     install_error_handlers,
 )
 from areal_marlaas.service.grading import service_grader_validator
-from areal_marlaas.service.metrics import ServiceMetrics
+from areal_marlaas.service.prometheus import ServiceMetrics
 from areal_marlaas.service.router import ModelRouter
 from areal_marlaas.service.routes_files import MULTIPART_OVERHEAD, files_router
 from areal_marlaas.service.routes_graders import graders_router

@@ -10,7 +10,7 @@ from fastapi import Request
 from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.graders import GradingContext
 from areal_marlaas.service.auth import authenticate
-from areal_marlaas.service.metrics import ServiceMetrics
+from areal_marlaas.service.prometheus import ServiceMetrics
 from areal_marlaas.service.router import ModelRouter
 from areal_marlaas.service.store import JobStore
 from areal_marlaas.service.tables import Tenant

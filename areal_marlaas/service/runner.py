@@ -36,7 +36,7 @@ from areal_marlaas.rundir.reader import task_steps
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
 from areal_marlaas.service import jobs as jobspec
 from areal_marlaas.service.grading import service_grader_validator
-from areal_marlaas.service.metrics import ServiceMetrics
+from areal_marlaas.service.prometheus import ServiceMetrics
 from areal_marlaas.service.router import VLLMModelRouter
 from areal_marlaas.service.server import run_api
 from areal_marlaas.service.store import JobStore

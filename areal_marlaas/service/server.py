@@ -12,7 +12,7 @@ from areal.utils import logging
 
 from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.service.api import create_app
-from areal_marlaas.service.metrics import ServiceMetrics
+from areal_marlaas.service.prometheus import ServiceMetrics
 from areal_marlaas.service.router import ModelRouter
 from areal_marlaas.service.store import JobStore
 
