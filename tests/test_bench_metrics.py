@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_marlaas.bench.metrics import (
+from areal_marlaas.bench.run_metrics import (
     load_run,
     percentile,
     ratios,

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from areal_marlaas.bench.areal_replica import load_spec, task_arguments
-from areal_marlaas.bench.metrics import memory_peaks
 from areal_marlaas.bench.plan import REPLICATED, plan_runs
 from areal_marlaas.bench.replicated import execute_replicated, replica_command
+from areal_marlaas.bench.run_metrics import memory_peaks
 from areal_marlaas.bench.sampler import machine_used_bytes, tree_memory_bytes
 from areal_marlaas.config import BenchConfig, ConfigError, load_config
 from areal_marlaas.config.bench import BenchRunConfig

@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 import pytest
 
-from areal_marlaas.bench.metrics import percentile
+from areal_marlaas.bench.run_metrics import percentile
 from areal_marlaas.bench.service_bench import format_markdown, summarize
 from areal_marlaas.bench.service_load import arrival_times, run_metrics
 from areal_marlaas.config.bench_service import ServiceLoadConfig

@@ -20,8 +20,8 @@ from typing import Any
 import psutil
 from omegaconf import OmegaConf
 
-from areal_marlaas.bench.metrics import memory_peaks
 from areal_marlaas.bench.plan import RunPlan
+from areal_marlaas.bench.run_metrics import memory_peaks
 from areal_marlaas.bench.sampler import UtilizationSampler
 from areal_marlaas.config import BenchConfig, MARLaaSConfig
 from areal_marlaas.procs import stop_group, tail

@@ -22,7 +22,6 @@ from omegaconf import OmegaConf, open_dict
 
 from areal_marlaas.admission import KVModel
 from areal_marlaas.bench.machine import describe, machine
-from areal_marlaas.bench.metrics import ratios, run_metrics
 from areal_marlaas.bench.plan import (
     PLACEMENTS,
     REPLICATED,
@@ -32,6 +31,7 @@ from areal_marlaas.bench.plan import (
     sweep_labels,
 )
 from areal_marlaas.bench.report import compact_run, format_result, write_outputs
+from areal_marlaas.bench.run_metrics import ratios, run_metrics
 from areal_marlaas.bench.sampler import UtilizationSampler
 from areal_marlaas.config import (
     BenchConfig,

@@ -31,7 +31,7 @@ from typing import Any
 
 import requests
 
-from areal_marlaas.bench.metrics import percentile
+from areal_marlaas.bench.run_metrics import percentile
 from areal_marlaas.procs import stop_group, tail
 
 logger = logging.getLogger("MARLaaSBenchService")

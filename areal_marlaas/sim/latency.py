@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from areal_marlaas.bench.metrics import phase_records
+from areal_marlaas.bench.run_metrics import phase_records
 
 DEFAULT_BETA = math.log(64 / 40) / math.log(32 / 8)  # design.md's CPU numbers
 

@@ -19,7 +19,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_marlaas.bench.metrics import run_metrics
+from areal_marlaas.bench.run_metrics import run_metrics
 from areal_marlaas.scheduler.core import (
     FinishTask,
     PublishDone,
