@@ -15,7 +15,7 @@ from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest, ModelResponse
 
 from areal_marlaas.rollout.engine import MultiLoRAVLLMBackend
-from areal_marlaas.tasks.judge import JudgeClient, parse_verdict
+from areal_marlaas.tasks.answer_judge import JudgeClient, parse_verdict
 from areal_marlaas.tasks.search import (
     BM25Index,
     Passage,

@@ -33,7 +33,7 @@ from areal.utils.hf_utils import apply_chat_template, load_hf_tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from areal_marlaas.rollout.seeding import seeded_sampling
-from areal_marlaas.tasks.judge import JudgeClient
+from areal_marlaas.tasks.answer_judge import JudgeClient
 from areal_marlaas.tasks.search import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
