@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from areal.utils import logging
 
-from areal_marlaas.graders import judge, similarity
+from areal_marlaas.graders import model_backed, similarity
 from areal_marlaas.graders.context import GradingContext
 from areal_marlaas.graders.errors import GraderError
 from areal_marlaas.graders.formula import FormulaError
@@ -201,7 +201,7 @@ async def _cosine(
         return LeafResult(0.0)
     async with sem:
         try:
-            ea, eb = await judge.embed([a, b], ctx, client)
+            ea, eb = await model_backed.embed([a, b], ctx, client)
             return LeafResult(similarity.cosine(ea, eb))
         except Exception as e:  # noqa: BLE001 - endpoint failures score 0
             why = f"embedding failed: {type(e).__name__}: {e}"
@@ -222,7 +222,7 @@ async def _score_model(
     except TemplateError as e:
         return _template_failure(e)
     async with sem:
-        return await judge.score_model(g, messages, ctx, client)
+        return await model_backed.score_model(g, messages, ctx, client)
 
 
 def _python_results(g: PythonGrader, samples, items, ctx) -> list[LeafResult]:

@@ -22,7 +22,7 @@ rouge_1..5, L  rouge-score ``RougeScorer([rougeN | rougeL], use_stemmer=False)``
                F-measure, ``score(target=reference, prediction=input)``; its
                default tokenizer (lowercase, non-alphanumerics as spaces).
 cosine         cosine similarity of the two texts' embeddings from the configured
-               OpenAI-compatible ``/embeddings`` endpoint (judge.py), via numpy.
+               OpenAI-compatible ``/embeddings`` endpoint (model_backed.py), via numpy.
 =============  ==============================================================
 
 BLEU, GLEU and METEOR tokenize with NLTK's ``NLTKWordTokenizer`` (the Treebank
