@@ -15,7 +15,9 @@ from areal.utils.network import find_free_ports
 from transformers import AutoModelForCausalLM
 
 from areal_marlaas.model_prep import make_tiny_model
-from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor, StaleBatchError, _full
+from areal_marlaas.train.audit import logprob_gap
+from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor, StaleBatchError
+from areal_marlaas.train.multilora import _full
 
 from .helpers import assert_bitwise_equal, lora_snapshot, optimizer_snapshot
 
@@ -117,16 +119,12 @@ def max_diff(out, ref, lens):
     )
 
 
-class MaskedSdpaActor(MultiLoRAFSDPPPOActor):
-    """The engine with transformers' sdpa over the whole pack (the reference)."""
-
-    packed_attention = False
-
-
-@pytest.mark.parametrize("cls", [MaskedSdpaActor, MultiLoRAFSDPPPOActor])
+# "eager" runs AReaL's masked path with the fix (one block-diagonal mask over
+# the page-padded pack); "sdpa" on a CPU runs the engine's per-sequence attention.
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_packed_forward_matches_per_sequence_hf_forward(arch, cls, tiny):
-    engine = make_engine(tiny[arch], cls=cls)
+def test_packed_forward_matches_per_sequence_hf_forward(arch, attn, tiny):
+    engine = make_engine(tiny[arch], attn_impl=attn)
     engine.add_task("a", lr=1e-3, total_steps=1, n_samples=3, seed=0)
     engine.switch_task("a")  # B=0: the adapter is the identity
     batch = ragged_batch([12, 7, 20])
@@ -262,15 +260,16 @@ def _step_with_grads(engine, task, batch):
         opt.step = step
 
 
-def test_packed_attention_gives_the_same_update_as_sdpa(tiny):
+def test_packed_attention_gives_the_same_update_as_the_masked_path(tiny):
     """The CPU attention path (per-sequence sdpa, no page padding) changes how
     the step is computed, not the update: the same loss, grad norm and gradient
-    of every LoRA tensor as AReaL's sdpa path, within float32 summation order.
+    of every LoRA tensor as AReaL's masked path (one block-diagonal mask over
+    the page-padded pack), within float32 summation order.
     (Adam's first step is sign(g) x lr, so the new weights would flip on
     gradients that are ~0 in both: the gradients are what is compared.)"""
     out = {}
-    for attn, cls in (("sdpa", MaskedSdpaActor), ("packed", MultiLoRAFSDPPPOActor)):
-        engine = make_engine(tiny["llama"], cls=cls)
+    for attn in ("eager", "sdpa"):
+        engine = make_engine(tiny["llama"], attn_impl=attn)
         try:
             engine.add_task("a", lr=1e-2, total_steps=3, n_samples=2, seed=0)
             batch = ragged_batch([9, 31, 5, 14], seed=3)
@@ -284,8 +283,8 @@ def test_packed_attention_gives_the_same_update_as_sdpa(tiny):
             )
         finally:
             engine.destroy()
-    (l1, g1, d1, impl1), (l2, g2, d2, impl2) = out["sdpa"], out["packed"]
-    assert (impl1, impl2) == ("sdpa", "marlaas_packed")
+    (l1, g1, d1, impl1), (l2, g2, d2, impl2) = out["eager"], out["sdpa"]
+    assert (impl1, impl2) == ("eager", "marlaas_packed")
     assert l1 == pytest.approx(l2, rel=1e-4, abs=1e-6)
     assert g1 == pytest.approx(g2, rel=1e-4)
     assert g1 > 0 and d1.keys() == d2.keys()  # a real update
@@ -294,45 +293,54 @@ def test_packed_attention_gives_the_same_update_as_sdpa(tiny):
         assert torch.allclose(d1[name], d2[name], rtol=1e-3, atol=1e-5 * scale), name
 
 
-class SeparateAuditActor(MultiLoRAFSDPPPOActor):
-    """The engine before the audit read the update's forward: a separate audit
-    forward, and the LM head over every row of the pack."""
-
-    fused_audit = False
-    lm_head_rows = False
-
-
 def test_audit_from_the_update_forward_and_lm_head_rows_leave_the_update(tiny):
     """The update's forward feeds the audit and the LM head runs on the loss's
-    rows only: the same loss, grad norm, LoRA gradients and audit (over every
-    generated token) as a separate audit forward and a full LM head, within
-    float32 summation order, with one forward less and fewer LM-head rows."""
+    rows only: the same loss, grad norm and LoRA gradients as an update with a
+    full LM head and no audit, and the same audit (over every generated token)
+    as a separate forward of the batch before it, within float32 summation
+    order, with no forward besides the update's and fewer LM-head rows."""
     out = {}
-    for kind, cls in (("separate", SeparateAuditActor), ("fused", None)):
-        engine = make_engine(tiny["llama"], cls=cls or MultiLoRAFSDPPPOActor)
+    for kind in ("separate", "fused"):
+        engine = make_engine(tiny["llama"])
         rows, logps = [], []
         head = engine.model.get_output_embeddings()
         # Rows the head computed: the ones not left all zero.
         head.register_forward_hook(
             lambda m, i, o: rows.append(int(o[0].abs().sum(-1).gt(0).sum()))
         )
-        compute_logp = engine.compute_logp
-
-        def spy(*args, _f=compute_logp, **kwargs):
-            logps.append(1)
-            return _f(*args, **kwargs)
-
-        engine.compute_logp = spy
         try:
-            # audit_trajectories covers both groups, so both audit every token.
             engine.add_task("a", lr=1e-2, total_steps=3, n_samples=2, seed=0)
-            engine.slots["a"].meta["audit_trajectories"] = 2
             batch = [
                 ragged_batch([9, 31, 5, 14], seed=3),
                 ragged_batch([20, 7, 12, 16], seed=4),
             ]
+            if kind == "separate":
+                # The reference: the audit as its own forward of the version's
+                # weights, then an unaudited update with the full LM head (as
+                # under sequence or tensor parallelism).
+                engine.switch_task("a")
+                data = [
+                    {k: v for k, v in t.items() if torch.is_tensor(v)} for t in batch
+                ]
+                audit = logprob_gap(batch, engine.compute_logp(data))
+                engine.slots["a"].meta["audit_trajectories"] = 0
+                engine._row_select = lambda: False
+            else:
+                # audit_trajectories covers both groups: the audit reads every token.
+                engine.slots["a"].meta["audit_trajectories"] = 2
+            compute_logp = engine.compute_logp
+
+            def spy(*args, _f=compute_logp, **kwargs):
+                logps.append(1)
+                return _f(*args, **kwargs)
+
+            engine.compute_logp = spy
             result, grads = _step_with_grads(engine, "a", batch)
-            out[kind] = (result["stats"], result["audit"], grads, rows, logps)
+            if kind == "fused":
+                audit = result["audit"]
+            else:
+                assert result["audit"]["audited_tokens"] == 0
+            out[kind] = (result["stats"], audit, grads, rows, logps)
         finally:
             engine.destroy()
     (s1, a1, d1, r1, f1), (s2, a2, d2, r2, f2) = out["separate"], out["fused"]
@@ -351,10 +359,45 @@ def test_audit_from_the_update_forward_and_lm_head_rows_leave_the_update(tiny):
     assert a1["audited_tokens"] == a2["audited_tokens"] == tokens
     assert a1["logprob_gap_mean"] == pytest.approx(a2["logprob_gap_mean"], rel=1e-5)
     assert a1["logprob_gap_max"] == pytest.approx(a2["logprob_gap_max"], rel=1e-5)
-    # Separate: an audit forward, then the update over all 114 rows; fused: the
-    # update alone, its LM head over the generated tokens' rows.
-    assert (len(f1), len(f2)) == (1, 0)
+    # Separate: the audit's forward, then the update, both over all 114 rows;
+    # fused: the update alone (no other forward), its LM head over the
+    # generated tokens' rows.
+    assert (len(f1), len(f2)) == (0, 0)
     assert r1 == [114, 114] and r2 == [tokens]
+
+
+def test_audit_with_several_minibatches_is_a_separate_forward_of_its_groups(tiny):
+    """With more than one optimizer step per batch the update's forwards run
+    with moving weights: the audit is its own forward, first, of the first
+    ``audit_trajectories`` groups under the version's weights."""
+    engine = make_engine(tiny["llama"], ppo_n_minibatches=2)
+    try:
+        engine.add_task("a", lr=1e-2, total_steps=3, n_samples=2, seed=0)
+        engine.slots["a"].meta["audit_trajectories"] = 1
+        batch = [
+            ragged_batch([9, 31, 5, 14], seed=3),
+            ragged_batch([20, 7, 12, 16], seed=4),
+        ]
+        engine.switch_task("a")
+        data = [{k: v for k, v in t.items() if torch.is_tensor(v)} for t in batch]
+        expected = logprob_gap(batch[:1], engine.compute_logp(data[:1]))
+        calls = []
+        compute_logp = engine.compute_logp
+
+        def spy(*args, _f=compute_logp, **kwargs):
+            calls.append(len(args[0]))
+            return _f(*args, **kwargs)
+
+        engine.compute_logp = spy
+        audit = engine.train_task("a", batch)["audit"]
+        assert calls == [1]
+        tokens = sum(n - 3 for n in [9, 31, 5, 14])  # the first group only
+        assert audit["audited_tokens"] == expected["audited_tokens"] == tokens
+        assert audit["logprob_gap_mean"] == pytest.approx(
+            expected["logprob_gap_mean"], rel=1e-6
+        )
+    finally:
+        engine.destroy()
 
 
 def test_audit_in_the_update_refuses_before_the_optimizer_step(tiny):
