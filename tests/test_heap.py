@@ -111,7 +111,7 @@ STEPS = """
     torch.set_num_threads(2)
     out = {}
     def train():  # on a worker thread, as the runtime and AReaL's workers do
-        engine = ts._engine(MODEL, ts.VARIANTS["engine"])
+        engine = ts._engine(MODEL)
         vocab = engine.model.config.vocab_size
         engine.add_task("t", lr=1e-4, total_steps=10, n_samples=4, seed=0)
         out["faults"] = []

@@ -1,4 +1,4 @@
-"""One GRPO train step of the multi-LoRA engine, timed per attention path.
+"""One GRPO train step of the multi-LoRA engine, timed, against a recorded reference.
 
 Each configuration runs in its own process (a clean allocator, thread pool and
 compile cache), ``rounds`` times, interleaved so drift hits every path alike.
@@ -8,17 +8,13 @@ on fresh on-policy batches, then one more step under torch's FLOP counter. The
 achieved rate (counted FLOPs / step time) is put beside the fp32 GEMM rate
 measured in the same process with the same threads.
 
-Paths (``VARIANTS``): ``engine`` is the engine now: ``packed`` plus the audit
-read from the update's own forward, the LM head on the loss's rows only, and a
-process that keeps the pages it frees (``train/heap.py``, as trainer workers
-start); ``engine_glibc_heap`` is the same with glibc's malloc defaults (the
-engine before the heap setting); the older paths all ran on glibc's defaults.
-``packed`` is the CPU attention path alone (per-sequence causal sdpa, no page
-padding, AReaL's helpers eager, a separate audit forward, the full LM head), the
-engine from d251ea2 until the audit moved; ``masked`` is AReaL's own sdpa path
-(one block-diagonal mask over the pack, micro-batches padded to 256-token
-pages), the engine before d251ea2; ``masked_compiled`` also compiles AReaL's
-helpers with inductor, as before d33b705 (the code issue 17 was filed on).
+Paths (``VARIANTS``): ``engine`` is the engine as trainer workers run it, in a
+process that keeps the pages it frees (``train/heap.py``); ``engine_glibc_heap``
+is the same engine on glibc's malloc defaults. Code the engine no longer has
+is not re-run: its measured steps are recorded in ``train_step_reference.json``
+(with the machine and command they came from), and each measured path's
+speed-up over a recorded path is reported where the machine and the workload
+are the same.
 """
 
 from __future__ import annotations
@@ -29,24 +25,30 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from areal_marlaas.train.heap import KEEP_ENV
 
-_NOW = {
-    "packed_attention": True,
-    "fused_audit": True,
-    "lm_head_rows": True,
-    "compile": False,
-}
-_OLD = {"fused_audit": False, "lm_head_rows": False, "keep_pages": False}
-VARIANTS: dict[str, dict[str, Any]] = {
-    "engine": {**_NOW, "keep_pages": True},
-    "engine_glibc_heap": {**_NOW, "keep_pages": False},
-    "packed": {"packed_attention": True, **_OLD, "compile": False},
-    "masked": {"packed_attention": False, **_OLD, "compile": False},
-    "masked_compiled": {"packed_attention": False, **_OLD, "compile": True},
+REFERENCE = Path(__file__).with_name("train_step_reference.json")
+# The options that make two measurements the same workload.
+WORKLOAD = ("model", "threads", "groups", "group_size", "lens", "prompt")
+# The machine facts (bench/machine.py's cpu_facts) that make two the same machine.
+SAME_MACHINE = ("cpu", "cores_usable", "flags")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One measured path: the current engine in a process set up one way."""
+
+    keep_pages: bool  # the heap keeps freed pages (keep_freed_pages)
+    about: str
+
+
+VARIANTS: dict[str, Variant] = {
+    "engine": Variant(True, "the engine, its process keeping freed pages"),
+    "engine_glibc_heap": Variant(False, "the engine on glibc's malloc defaults"),
 }
 
 
@@ -88,17 +90,12 @@ def make_batch(
     return out
 
 
-def _engine(model: str, variant: dict[str, Any]):
+def _engine(model: str):
     from areal.api.cli_args import OptimizerConfig, PPOActorConfig
     from areal.api.io_struct import FinetuneSpec
 
     from areal_marlaas.config.run import _ACTOR_DEFAULTS
     from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
-
-    class Actor(MultiLoRAFSDPPPOActor):
-        packed_attention = variant["packed_attention"]
-        fused_audit = variant["fused_audit"]
-        lm_head_rows = variant["lm_head_rows"]
 
     defaults = {
         k: v for k, v in _ACTOR_DEFAULTS.items() if k not in ("optimizer", "path")
@@ -108,7 +105,7 @@ def _engine(model: str, variant: dict[str, Any]):
         path=model,
         optimizer=OptimizerConfig(lr=1e-4, weight_decay=0.0, gradient_clipping=1.0),
     )
-    engine = Actor(cfg)
+    engine = MultiLoRAFSDPPPOActor(cfg)
     engine.create_process_group()
     engine.initialize(None, FinetuneSpec(1, 1000, 4))
     return engine
@@ -122,7 +119,7 @@ def measure(opts: dict[str, Any]) -> dict[str, Any]:
     from areal_marlaas.bench.machine import gemm_gflops
 
     torch.set_num_threads(opts["threads"])
-    engine = _engine(opts["model"], VARIANTS[opts["variant"]])
+    engine = _engine(opts["model"])
     vocab = engine.model.config.vocab_size
     engine.add_task(
         "t", lr=1e-4, total_steps=1000, n_samples=opts["group_size"], seed=0
@@ -176,7 +173,7 @@ def measure(opts: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_round(opts: dict[str, Any], out: Path) -> dict[str, Any]:
-    """One variant in a fresh process (its environment picks eager or compiled)."""
+    """One variant in a fresh process (its environment sets up its heap)."""
     env = dict(os.environ)
     env.update(
         WORLD_SIZE="1",
@@ -186,11 +183,11 @@ def run_round(opts: dict[str, Any], out: Path) -> dict[str, Any]:
         MASTER_PORT=str(opts["port"]),
         OMP_NUM_THREADS=str(opts["threads"]),
         MKL_NUM_THREADS=str(opts["threads"]),
-        TORCHDYNAMO_DISABLE="0" if VARIANTS[opts["variant"]]["compile"] else "1",
+        TORCHDYNAMO_DISABLE="1",  # AReaL's helpers eager, as trainers run them
     )
     for key in KEEP_ENV:  # glibc reads them when the process starts
         env.pop(key, None)
-    if VARIANTS[opts["variant"]]["keep_pages"]:
+    if VARIANTS[opts["variant"]].keep_pages:
         env.update(KEEP_ENV)
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "areal_marlaas.bench.train_step", json.dumps(opts)]
@@ -241,22 +238,86 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def load_reference(path: Path = REFERENCE) -> dict[str, Any]:
+    """The recorded train steps of code the engine no longer has."""
+    return json.loads(path.read_text())
+
+
+def comparable(session: dict[str, Any], machine: dict[str, Any], options) -> bool:
+    """Whether a recorded session ran on this kind of machine and workload."""
+    return all(session["machine"].get(k) == machine.get(k) for k in SAME_MACHINE) and (
+        all(session["options"].get(k) == options.get(k) for k in WORKLOAD)
+    )
+
+
+def compare(
+    rows: list[dict[str, Any]],
+    reference: dict[str, Any],
+    machine: dict[str, Any],
+    options: dict[str, Any],
+) -> None:
+    """Each row's ``vs_reference``: its speed-up over every recorded path of a
+    session with the same machine and workload (none elsewhere: a step time
+    means nothing on another CPU or batch)."""
+    sessions = [s for s in reference["sessions"] if comparable(s, machine, options)]
+    for r in rows:
+        r["vs_reference"] = [
+            {
+                "session": s["date"],
+                "path": ref["path"],
+                "step_s_mean": ref["step_s_mean"],
+                "share_of_gemm": ref["share_of_gemm"],
+                "speedup": ref["step_s_mean"] / r["step_s_mean"],
+            }
+            for s in sessions
+            for ref in s["rows"]
+        ]
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| path | repeats | step s (mean +- sd) | first step s | tokens | GFLOP/step "
-        "| achieved GFLOP/s | GEMM GFLOP/s | share of GEMM | page faults/step |"
+        "| achieved GFLOP/s | GEMM GFLOP/s | share of GEMM | page faults/step "
+        "| vs recorded (same machine, workload) |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         faults = r.get("page_faults_mean")
+        versus = "; ".join(
+            f"{v['path']} ({v['session']}) {v['speedup']:.2f}x"
+            for v in r.get("vs_reference", [])
+        )
         lines.append(
             f"| {r['variant']} | {r['repeats']} | {r['step_s_mean']:.2f} +- "
             f"{r['step_s_sd']:.2f} | {r['first_step_s_mean']:.1f} +- "
             f"{r['first_step_s_sd']:.1f} | {r['tokens']} | {r['gflop_per_step']:.0f} "
             f"| {r['achieved_gflops_mean']:.1f} +- {r['achieved_gflops_sd']:.1f} | "
             f"{r['gemm_gflops_mean']:.1f} | {r['share_of_gemm']:.0%} | "
-            f"{'-' if faults is None else f'{faults:,.0f}'} |"
+            f"{'-' if faults is None else f'{faults:,.0f}'} | {versus or '-'} |"
         )
+    return "\n".join(lines)
+
+
+def format_reference(
+    reference: dict[str, Any], machine: dict[str, Any], options: dict[str, Any]
+) -> str:
+    """The recorded paths, each session marked by whether it is compared."""
+    lines = [
+        f"Recorded paths ({REFERENCE.name}: each session's command and machine):",
+        "",
+        "| recorded | machine | path | step s (mean +- sd) | GFLOP/step "
+        "| share of GEMM | same machine, workload |",
+        "|" + "---|" * 7,
+    ]
+    for s in reference["sessions"]:
+        same = "yes" if comparable(s, machine, options) else "no"
+        for ref in s["rows"]:
+            lines.append(
+                f"| {s['date']} | {s['machine']['cpu']}, "
+                f"{s['machine']['cores_usable']} cores | {ref['path']} | "
+                f"{ref['step_s_mean']:.2f} +- {ref['step_s_sd']:.2f} | "
+                f"{ref['gflop_per_step']:.0f} | {ref['share_of_gemm']:.0%} | {same} |"
+            )
     return "\n".join(lines)
 
 
@@ -274,11 +335,15 @@ def bench(opts: dict[str, Any], out: Path, variants: list[str], rounds: int):
             print(f"[train-step] round {rnd + 1}/{rounds}: {variant}", flush=True)
             runs.append(run_round(one, Path(one["out"])))
     rows = summarize(runs)
+    machine = cpu_facts()
     # The model by its folder name: the JSON is committed, a machine path is not.
     portable = {**opts, "model": Path(opts["model"]).name}
-    result = {"machine": cpu_facts(), "options": portable, "rows": rows, "runs": runs}
+    reference = load_reference()
+    compare(rows, reference, machine, portable)
+    result = {"machine": machine, "options": portable, "rows": rows, "runs": runs}
     (out / "train_step.json").write_text(json.dumps(result, indent=2))
-    (out / "train_step.md").write_text(format_table(rows) + "\n")
+    recorded = format_reference(reference, machine, portable)
+    (out / "train_step.md").write_text(f"{format_table(rows)}\n\n{recorded}\n")
     return result
 
 
