@@ -536,26 +536,6 @@ def test_another_benchs_tenant_count_is_predicted_out_of_sample(
     assert "runs of" in format_sim_markdown(out)
 
 
-@pytest.mark.parametrize("mode", ["async", "sync", "sequential", "collocated"])
-def test_memoized_core_decides_like_the_plain_core(mode):
-    m = LatencyModels(
-        RolloutModel(work_s=0.3, beta=0.4, overhead_s=0.2, max_seqs=16),
-        train_intercept_s=1.5,
-        train_per_seq_s=0.1,
-        publish_s=0.1,
-    )
-    tasks = [
-        SimTask(f"t{i}", 1 + i % 3, 4 + 4 * (i % 2), kv_bytes=40, priority=i % 2)
-        for i in range(7)
-    ]
-    for kw in ({}, {"kv_budget": 100}, {"max_rolling": 2, "trainers": 2}):
-        fast = simulate(tasks, m, mode, **kw)
-        plain = simulate(tasks, m, mode, fast=False, **kw)
-        assert fast.events == plain.events
-        assert fast.steps == plain.steps
-        assert fast.holds == plain.holds
-
-
 def test_cli_projects_the_mix_over_a_sweep_of_tool_call_times(tmp_path, capsys):
     """`marlaas simulate --mix --env-s 0,30`: tenants replicate the bench's whole
     mix with each template's own latencies, and every batch's tool calls add

@@ -23,12 +23,13 @@ service): ``Submitted`` at any time; ``Pause`` stops a task after its current
 step is committed and published; ``Resume`` lets it roll out again; ``Cancel``
 ends it at once when nothing of it is in flight, else when its phase returns.
 
-Training order: ``fifo`` (default) trains batches in the order their rollouts
-finished. ``first_steps`` trains a task's first batch since it was submitted
-ahead of the others (FIFO within each class): a tenant who just arrived waits
-for at most the batch in training and the other newcomers' first batches, not
-for every running task's next step. Each task jumps the queue once, so no batch
-waits behind more than one first batch per task.
+Training order (one queue class per order, in ``train_queue``): ``fifo``
+(default) trains batches in the order their rollouts finished. ``first_steps``
+trains a task's first batch since it was submitted ahead of the others (FIFO
+within each class): a tenant who just arrived waits for at most the batch in
+training and the other newcomers' first batches, not for every running task's
+next step. Each task jumps the queue once, so no batch waits behind more than
+one first batch per task.
 
 Trainers: ``trainers`` steps may run at once, one per trainer. A task submitted
 with a ``trainer`` trains only there (that trainer holds its weights and optimizer
@@ -41,173 +42,101 @@ out (or the server's reported usage, whichever is larger) plus its own stays wit
 ``kv_budget``, and fewer than ``max_rolling`` tasks roll out. Waiting tasks go by
 priority, then submission order, and a task that does not fit holds back those
 behind it (no overtaking, so a large task is never starved).
+
+Cost: the decisions read counts kept as phases change (``tasks.TaskTable``): the
+running tasks per version, those publishing and those still to roll out; the
+waiting tasks in admission order, per version and per hold reason. An admission
+pass visits only the tasks it starts or whose hold reason changes, so an event
+costs O(log n) for the tasks it leaves alone, plus a walk of the training queue
+while a trainer is free (a thousand tenants: tens of thousands of events a
+second).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-MODES = ("async", "sync", "sequential", "collocated")
-TRAIN_ORDERS = ("fifo", "first_steps")
-
-
-class Phase(StrEnum):
-    PENDING = "pending"  # waiting to roll out its current version
-    ROLLOUT = "rollout"
-    QUEUED = "queued"  # batch ready, waiting for a trainer
-    TRAIN = "train"
-    PUBLISH = "publish"
-    PAUSED = "paused"  # stopped after a committed, published version
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-_ENDED = (Phase.DONE, Phase.FAILED, Phase.CANCELLED)
-
-
-# -- events (runtime -> core) ---------------------------------------------------
-@dataclass(frozen=True)
-class Submitted:
-    task: str
-    total_steps: int
-    version: int = 0  # resume starts from the committed version
-    kv_bytes: int = 0  # KV footprint of one rollout batch (admission)
-    priority: int = 0  # higher is admitted first
-    # The trainer holding the task's weights and optimizer state: its steps run
-    # there only. None: any free trainer (state that moves with the batch).
-    trainer: int | None = None
-
-
-@dataclass(frozen=True)
-class RolloutDone:
-    task: str
-    version: int
-
-
-@dataclass(frozen=True)
-class TrainDone:
-    task: str
-    version: int  # the new, committed version
-
-
-@dataclass(frozen=True)
-class PublishDone:
-    task: str
-    version: int
-
-
-@dataclass(frozen=True)
-class TaskError:
-    """The task's phase in flight failed; the core retries it or fails the task."""
-
-    task: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class TaskFailed:
-    """Fail the task now, without retry."""
-
-    task: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class KVUsage:
-    """KV bytes the server reports in use (``vllm:kv_cache_usage_perc``)."""
-
-    used_bytes: int
-
-
-@dataclass(frozen=True)
-class Cancel:
-    """End the task: now if nothing of it is in flight, else when it returns."""
-
-    task: str
-    reason: str = "cancelled"
-
-
-@dataclass(frozen=True)
-class Pause:
-    """Stop the task after its current step is committed and published."""
-
-    task: str
-
-
-@dataclass(frozen=True)
-class Resume:
-    """Let a paused task roll out again (or withdraw a pause not yet reached)."""
-
-    task: str
-
-
-Event = (
-    Submitted
-    | RolloutDone
-    | TrainDone
-    | PublishDone
-    | TaskError
-    | TaskFailed
-    | KVUsage
-    | Cancel
-    | Pause
-    | Resume
+from areal_marlaas.scheduler.events import (
+    Action,
+    Cancel,
+    Event,
+    FinishTask,
+    HoldReason,
+    HoldRollout,
+    KVUsage,
+    Pause,
+    PublishDone,
+    Resume,
+    RolloutDone,
+    StartPublish,
+    StartRollout,
+    StartTrain,
+    Submitted,
+    TaskError,
+    TaskFailed,
+    TaskPaused,
+    TrainDone,
+)
+from areal_marlaas.scheduler.tasks import Key, Phase, Stop, TaskState, TaskTable
+from areal_marlaas.scheduler.train_queue import (
+    TRAIN_ORDERS,
+    TrainOrder,
+    TrainQueue,
+    create_train_queue,
 )
 
-
-# -- actions (core -> runtime) --------------------------------------------------
-@dataclass(frozen=True)
-class StartRollout:
-    task: str
-    version: int
-
-
-@dataclass(frozen=True)
-class StartTrain:
-    task: str
-    version: int  # the version the batch was generated with
-    trainer: int = 0  # which trainer runs the step
-
-
-@dataclass(frozen=True)
-class StartPublish:
-    task: str
-    version: int
-
-
-@dataclass(frozen=True)
-class FinishTask:
-    task: str
-    failed: bool = False
-    reason: str = ""
-    cancelled: bool = False
-
-
-@dataclass(frozen=True)
-class TaskPaused:
-    """The task stopped at ``version`` (committed and published) until resumed."""
-
-    task: str
-    version: int
+__all__ = [
+    "MODES",
+    "TRAIN_ORDERS",
+    "Action",
+    "AdmissionError",
+    "Cancel",
+    "Event",
+    "FinishTask",
+    "HoldReason",
+    "HoldRollout",
+    "KVUsage",
+    "Mode",
+    "Pause",
+    "Phase",
+    "ProtocolError",
+    "PublishDone",
+    "Resume",
+    "RolloutDone",
+    "SchedulerCore",
+    "StartPublish",
+    "StartRollout",
+    "StartTrain",
+    "Stop",
+    "Submitted",
+    "TaskError",
+    "TaskFailed",
+    "TaskPaused",
+    "TaskState",
+    "TrainDone",
+    "TrainOrder",
+]
 
 
-@dataclass(frozen=True)
-class HoldRollout:
-    """A task ready to roll out must wait; emitted once per wait. ``reason``:
-    ``kv`` (budget), ``cap`` (max_rolling), ``barrier`` (sync round) or ``turn``
-    (single-task modes)."""
+class Mode(StrEnum):
+    """``scheduler.mode`` (see the module docstring)."""
 
-    task: str
-    version: int
-    reason: str
+    ASYNC = "async"
+    SYNC = "sync"
+    SEQUENTIAL = "sequential"
+    COLLOCATED = "collocated"
 
 
-Action = (
-    StartRollout | StartTrain | StartPublish | FinishTask | HoldRollout | TaskPaused
-)
+MODES = tuple(m.value for m in Mode)
+
+# Why a task whose turn it is not waits, per mode (async: it is always its turn).
+_TURN_HOLD = {
+    Mode.SYNC: HoldReason.BARRIER,
+    Mode.SEQUENTIAL: HoldReason.TURN,
+    Mode.COLLOCATED: HoldReason.TURN,
+}
 
 
 class ProtocolError(RuntimeError):
@@ -219,49 +148,27 @@ class AdmissionError(ValueError):
 
 
 @dataclass
-class TaskState:
-    name: str
-    total_steps: int
-    version: int = 0
-    steps_done: int = 0
-    start_version: int = 0  # the version it was submitted at
-    phase: Phase = Phase.PENDING
-    reason: str = ""
-    kv_bytes: int = 0
-    priority: int = 0
-    order: int = 0
-    errors: int = 0  # failures at the current version (reset by a commit)
-    held: str = ""  # why it is waiting, once a HoldRollout was emitted
-    stop: str = ""  # "pause" or "cancel", asked while a phase was in flight
-    trainer: int | None = None  # see Submitted.trainer
-
-    @property
-    def active(self) -> bool:
-        return self.phase not in _ENDED
-
-
-@dataclass
 class SchedulerCore:
-    mode: str = "async"
+    mode: Mode = Mode.ASYNC  # a Mode or its value
     kv_budget: int | None = None  # bytes; None = unlimited
     max_rolling: int | None = None  # tasks rolling out at once; None = unlimited
     trainers: int = 1  # trainers fed by the one queue
     task_retries: int = 0  # retries of a failed phase per version
-    train_order: str = "fifo"  # or "first_steps" (see the module docstring)
-    tasks: dict[str, TaskState] = field(default_factory=dict)
-    train_queue: deque[str] = field(default_factory=deque)
-    training: dict[str, int] = field(default_factory=dict)  # task -> trainer
-    live_kv: int = 0  # what the server last reported in use
+    train_order: TrainOrder = TrainOrder.FIFO  # a TrainOrder or its value
+    tasks: dict[str, TaskState] = field(default_factory=dict, init=False)
+    train_queue: TrainQueue = field(init=False)
+    training: dict[str, int] = field(default_factory=dict, init=False)  # -> trainer
+    live_kv: int = field(default=0, init=False)  # what the server last reported
+    table: TaskTable = field(default_factory=TaskTable, init=False, repr=False)
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(
                 f"scheduler mode must be one of {MODES}, got {self.mode!r}"
             )
-        if self.train_order not in TRAIN_ORDERS:
-            raise ValueError(
-                f"train_order must be one of {TRAIN_ORDERS}, got {self.train_order!r}"
-            )
+        self.mode = Mode(self.mode)
+        self.train_queue = create_train_queue(self.train_order)
+        self.train_order = TrainOrder(self.train_order)
         if self.trainers < 1:
             raise ValueError(f"trainers must be >= 1, got {self.trainers}")
         if self.max_rolling is not None and self.max_rolling < 1:
@@ -269,25 +176,19 @@ class SchedulerCore:
 
     # -- queries ----------------------------------------------------------------
     def finished(self) -> bool:
-        return bool(self.tasks) and not any(t.active for t in self.tasks.values())
+        return bool(self.tasks) and not self.table.live
 
     def rolling(self) -> list[str]:
-        return [n for n, t in self.tasks.items() if t.phase is Phase.ROLLOUT]
+        """Tasks rolling out now, in submission order."""
+        return sorted(self.table.rolling, key=lambda n: self.tasks[n].order)
 
     def kv_in_use(self) -> int:
         """Estimated KV of the batches rolling out now."""
-        return sum(self.tasks[n].kv_bytes for n in self.rolling())
+        return self.table.rolling_kv
 
     def kv_used(self) -> int:
         """What admission counts as used: the estimate or the server's report."""
         return max(self.kv_in_use(), self.live_kv)
-
-    def _active(self) -> list[TaskState]:
-        """Tasks the modes' turns and barriers wait for (a paused task is left
-        out until it resumes)."""
-        return [
-            t for t in self.tasks.values() if t.active and t.phase is not Phase.PAUSED
-        ]
 
     # -- transitions ------------------------------------------------------------
     def handle(self, event: Event) -> list[Action]:
@@ -306,26 +207,26 @@ class SchedulerCore:
         if isinstance(event, TaskFailed):
             return self._fail(task, event.reason)
         if isinstance(event, TaskError):
-            if task.stop == "cancel":
+            if task.stop is Stop.CANCEL:
                 return self._cancel(task)
             return self._error(task, event.reason)
         if isinstance(event, RolloutDone):
             self._expect(task, Phase.ROLLOUT, event.version)
-            if task.stop == "cancel":
+            if task.stop is Stop.CANCEL:
                 return self._cancel(task)
-            task.phase = Phase.QUEUED  # its KV is free again
-            self.train_queue.append(task.name)
+            self.table.move(task, Phase.QUEUED)  # its KV is free again
+            self.train_queue.add(task)
             return [*self._next_train(), *self._admit()]
         if isinstance(event, TrainDone):
             if task.name not in self.training or event.version != task.version + 1:
                 raise ProtocolError(f"{event} while training {sorted(self.training)}")
             del self.training[task.name]
-            task.version = event.version
             task.steps_done += 1
             task.errors = 0
-            if task.stop == "cancel":  # committed, but never served again
+            if task.stop is Stop.CANCEL:  # committed, but never served again
+                self.table.move(task, version=event.version)
                 return [*self._cancel(task), *self._next_train()]
-            task.phase = Phase.PUBLISH
+            self.table.move(task, Phase.PUBLISH, event.version)
             return [StartPublish(task.name, task.version), *self._next_train()]
         if isinstance(event, PublishDone):
             self._expect(task, Phase.PUBLISH, event.version)
@@ -359,21 +260,22 @@ class SchedulerCore:
         )
         task.steps_done = event.version  # one committed version per step
         self.tasks[event.task] = task
+        self.table.add(task)
         return self._after_publish(task)
 
     def _after_publish(self, task: TaskState) -> list[Action]:
         actions: list[Action] = []
         if task.steps_done >= task.total_steps:
-            task.phase = Phase.DONE
+            self.table.move(task, Phase.DONE)
             actions.append(FinishTask(task.name))
             # A finished task can release a sync barrier or a single-task turn.
             actions += self._next_train()
-        elif task.stop == "cancel":
+        elif task.stop is Stop.CANCEL:
             return self._cancel(task)
-        elif task.stop == "pause":
+        elif task.stop is Stop.PAUSE:
             return self._pause_now(task)
         else:
-            task.phase = Phase.PENDING
+            self.table.move(task, Phase.PENDING)
         return [*actions, *self._admit()]
 
     # -- control (pause, resume, cancel) ----------------------------------------
@@ -383,26 +285,25 @@ class SchedulerCore:
             task.reason = event.reason
             if idle:
                 return self._cancel(task)
-            task.stop = "cancel"
+            task.stop = Stop.CANCEL
             return []
         if isinstance(event, Pause):
             if task.phase is Phase.PENDING:
                 return self._pause_now(task)
-            if task.phase is not Phase.PAUSED and task.stop != "cancel":
-                task.stop = "pause"
+            if task.phase is not Phase.PAUSED and task.stop is not Stop.CANCEL:
+                task.stop = Stop.PAUSE
             return []
         # Resume
-        if task.stop == "pause":
-            task.stop = ""
+        if task.stop is Stop.PAUSE:
+            task.stop = Stop.NONE
         if task.phase is Phase.PAUSED:
-            task.phase = Phase.PENDING
-            task.held = ""
+            self.table.move(task, Phase.PENDING, held=None)
             return self._admit()
         return []
 
     def _pause_now(self, task: TaskState) -> list[Action]:
-        task.stop = ""
-        task.phase = Phase.PAUSED
+        task.stop = Stop.NONE
+        self.table.move(task, Phase.PAUSED)
         # A paused task can release a sync barrier or a single-task turn.
         return [
             TaskPaused(task.name, task.version),
@@ -412,8 +313,8 @@ class SchedulerCore:
 
     def _cancel(self, task: TaskState) -> list[Action]:
         self._drop_batch(task)
-        task.phase = Phase.CANCELLED  # frees its KV and train slot
-        task.stop = ""
+        self.table.move(task, Phase.CANCELLED)  # frees its KV and train slot
+        task.stop = Stop.NONE
         return [
             FinishTask(task.name, reason=task.reason or "cancelled", cancelled=True),
             *self._next_train(),
@@ -421,67 +322,85 @@ class SchedulerCore:
         ]
 
     # -- admission --------------------------------------------------------------
-    def _turn(self, task: TaskState) -> bool:
-        """Whether the mode lets ``task`` roll out now (resources aside)."""
-        if self.mode == "async":
-            return True
-        if self.mode == "sync":
-            # Round v starts when every task has committed and published v.
-            return all(
-                u.version >= task.version
-                and not (u.version == task.version and u.phase is Phase.PUBLISH)
-                for u in self._active()
-            )
-        first = min(self._active(), key=lambda t: (-t.priority, t.order))
-        return first is task
+    def _turn(self) -> list[Key]:
+        """The waiting tasks the mode lets roll out now (resources aside), in
+        admission order."""
+        table = self.table
+        if self.mode is Mode.ASYNC:
+            return table.waiting
+        if self.mode is Mode.SYNC:
+            # Round v starts when every task has committed and published v: v is
+            # the lowest version of all, and no task at v is publishing.
+            v = min(table.versions)
+            return [] if table.publishing[v] else table.waiting_at.get(v, [])
+        first = table.running[0]  # one task at a time, by priority and arrival
+        return [first] if table.task(first).phase is Phase.PENDING else []
 
     def _admit(self) -> list[Action]:
-        waiting = sorted(
-            (t for t in self.tasks.values() if t.phase is Phase.PENDING),
-            key=lambda t: (-t.priority, t.order),
-        )
+        """Start what may roll out; hold the rest, emitting a hold only when a
+        task's reason changes. The pass visits the tasks it starts and the ones
+        whose reason changes, not every waiting task (the sorted keys of the
+        table locate them)."""
+        table = self.table
+        if not table.waiting:
+            return []
         used = self.kv_used()
-        rolling = len(self.rolling())
-        actions: list[Action] = []
-        blocked = ""  # a resource hold: nobody behind may overtake
-        for task in waiting:
-            reason = blocked
-            if not reason and not self._turn(task):
-                reason = "barrier" if self.mode == "sync" else "turn"
-            elif not reason and self.max_rolling is not None:
-                if rolling >= self.max_rolling:
-                    reason = blocked = "cap"
-            if not reason and self.kv_budget is not None:
-                if used + task.kv_bytes > self.kv_budget:
-                    reason = blocked = "kv"
-            if reason:
-                if task.held != reason:
-                    task.held = reason
-                    actions.append(HoldRollout(task.name, task.version, reason))
-                continue
-            used += task.kv_bytes
+        rolling = len(table.rolling)
+        starts: list[Key] = []
+        blocked: HoldReason | None = None  # a resource hold: nobody behind overtakes
+        block_at: Key | None = None
+        for key in self._turn():
+            kv_bytes = table.task(key).kv_bytes
+            if self.max_rolling is not None and rolling >= self.max_rolling:
+                blocked = HoldReason.CAP
+            elif self.kv_budget is not None and used + kv_bytes > self.kv_budget:
+                blocked = HoldReason.KV
+            if blocked is not None:
+                block_at = key
+                break
+            used += kv_bytes
             rolling += 1
-            task.held = ""
-            task.phase = Phase.ROLLOUT
-            actions.append(StartRollout(task.name, task.version))
-        return actions
+            starts.append(key)
+        holds: list[tuple[Key, HoldReason]] = []
+        turn_hold = _TURN_HOLD.get(self.mode)
+        if turn_hold is not None:  # ahead of a resource hold: waits for its turn
+            started = set(starts)
+            for held, keys in table.waiting_held.items():
+                if held is not turn_hold:
+                    end = len(keys) if block_at is None else bisect_left(keys, block_at)
+                    holds += [(k, turn_hold) for k in keys[:end] if k not in started]
+        if blocked is not None:  # from the resource hold on: everyone waits
+            for held, keys in table.waiting_held.items():
+                if held is not blocked:
+                    holds += [(k, blocked) for k in keys[bisect_left(keys, block_at) :]]
+        actions: list[tuple[Key, Action]] = []
+        for key in starts:
+            task = table.task(key)
+            table.move(task, Phase.ROLLOUT, held=None)
+            actions.append((key, StartRollout(task.name, task.version)))
+        for key, reason in holds:
+            task = table.task(key)
+            table.move(task, held=reason)
+            actions.append((key, HoldRollout(task.name, task.version, reason)))
+        actions.sort(key=lambda ka: ka[0])  # admission order, as one pass decides
+        return [a for _, a in actions]
 
     # -- training ---------------------------------------------------------------
     def _may_train(self, task: TaskState) -> bool:
-        if self.mode != "sync":
-            return True
-        # Training of round v waits for every rollout of round v.
-        return not any(
-            u.version == task.version and u.phase in (Phase.PENDING, Phase.ROLLOUT)
-            for u in self._active()
-        )
+        # Sync: training of round v waits for every rollout of round v.
+        return self.mode is not Mode.SYNC or not self.table.unrolled[task.version]
 
     def _next_train(self) -> list[Action]:
-        actions: list[Action] = []
-        free = [i for i in range(self.trainers) if i not in self.training.values()]
-        if not free or not self.train_queue:
-            return actions
-        for name in self._queue_order():
+        if not self.train_queue:
+            return []
+        if self.mode is Mode.SYNC and all(
+            self.table.unrolled[v] for v in self.table.queued
+        ):
+            return []  # every queued batch's round is still rolling out
+        busy = set(self.training.values())
+        free = [i for i in range(self.trainers) if i not in busy]
+        picked: list[tuple[TaskState, int]] = []
+        for name in self.train_queue:
             if not free:
                 break
             task = self.tasks[name]
@@ -494,21 +413,14 @@ class SchedulerCore:
             if slot not in free:
                 continue  # its trainer is busy; a batch for a free one may go
             free.remove(slot)
+            picked.append((task, slot))
+        actions: list[Action] = []
+        for task, slot in picked:
             self.train_queue.remove(task.name)
-            task.phase = Phase.TRAIN
+            self.table.move(task, Phase.TRAIN)
             self.training[task.name] = slot
             actions.append(StartTrain(task.name, task.version, slot))
         return actions
-
-    def _queue_order(self) -> list[str]:
-        """The queue in the order trainers take it (see the module docstring)."""
-        if self.train_order != "first_steps":
-            return list(self.train_queue)
-        first, rest = [], []
-        for name in self.train_queue:
-            task = self.tasks[name]
-            (first if task.version == task.start_version else rest).append(name)
-        return first + rest
 
     # -- failures ---------------------------------------------------------------
     def _error(self, task: TaskState, reason: str) -> list[Action]:
@@ -525,19 +437,18 @@ class SchedulerCore:
         # A failed rollout or training step: generate a fresh batch at the same
         # version (the failed batch is dropped, so the task stays on-policy).
         self._drop_batch(task)
-        if task.stop == "pause":
+        if task.stop is Stop.PAUSE:
             return self._pause_now(task)
-        task.phase = Phase.PENDING
+        self.table.move(task, Phase.PENDING)
         return [*self._next_train(), *self._admit()]
 
     def _drop_batch(self, task: TaskState) -> None:
-        if task.name in self.train_queue:
-            self.train_queue.remove(task.name)
+        self.train_queue.discard(task.name)
         self.training.pop(task.name, None)
 
     def _fail(self, task: TaskState, reason: str) -> list[Action]:
         self._drop_batch(task)
-        task.phase = Phase.FAILED  # frees its KV and train slot
+        self.table.move(task, Phase.FAILED)  # frees its KV and train slot
         task.reason = reason
         return [
             FinishTask(task.name, failed=True, reason=reason),

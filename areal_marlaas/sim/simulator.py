@@ -22,6 +22,7 @@ from typing import Any
 from areal_marlaas.bench.run_metrics import run_metrics
 from areal_marlaas.scheduler.core import (
     FinishTask,
+    HoldRollout,
     PublishDone,
     RolloutDone,
     SchedulerCore,
@@ -91,34 +92,6 @@ class Device:
         return done
 
 
-class _ProjectionCore(SchedulerCore):
-    """The same core, with ``_turn`` memoized within one admission pass: its
-    answers depend only on task versions and phases an admission pass does not
-    change, and without the memo a pass costs O(n^2) (1000 tenants: minutes per
-    mode). tests/test_simulator.py checks it against the plain core."""
-
-    _turn_memo: dict | None = None
-
-    def _admit(self):
-        self._turn_memo = {}
-        try:
-            return super()._admit()
-        finally:
-            self._turn_memo = None
-
-    def _turn(self, task) -> bool:
-        memo = self._turn_memo
-        if memo is None or self.mode == "async":
-            return super()._turn(task)
-        if self.mode == "sync":
-            if task.version not in memo:
-                memo[task.version] = super()._turn(task)
-            return memo[task.version]
-        if "first" not in memo:
-            memo["first"] = min(self._active(), key=lambda t: (-t.priority, t.order))
-        return memo["first"] is task
-
-
 @dataclass
 class SimResult:
     mode: str
@@ -146,12 +119,10 @@ def simulate(
     kv_budget: int | None = None,
     max_rolling: int | None = None,
     record: bool = True,
-    fast: bool = True,
     train_order: str = "fifo",
 ) -> SimResult:
-    """Run ``tasks`` to completion under ``mode``; times start at 0. ``fast``
-    memoizes the core's turn checks (same decisions; see ``_ProjectionCore``)."""
-    core = (_ProjectionCore if fast else SchedulerCore)(
+    """Run ``tasks`` to completion under ``mode``; times start at 0."""
+    core = SchedulerCore(
         mode=mode,
         kv_budget=kv_budget,
         max_rolling=max_rolling,
@@ -201,7 +172,7 @@ def simulate(
             elif isinstance(a, FinishTask):
                 nonlocal unfinished
                 unfinished -= 1
-            elif type(a).__name__ == "HoldRollout":
+            elif isinstance(a, HoldRollout):
                 result.holds += 1
 
     for i, t in enumerate(tasks):
