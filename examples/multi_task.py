@@ -20,6 +20,7 @@ from areal_marlaas.rollout.session import RolloutSession
 from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
+from areal_marlaas.train.pool import TrainerPool
 from areal_marlaas.train.trainer import add_tenant, single_rank_env
 
 
@@ -32,20 +33,21 @@ def main(argv: list[str]) -> None:
     actor = MultiLoRAFSDPPPOActor(cfg.actor)
     actor.create_process_group()
     actor.initialize(None, FinetuneSpec(1, sum(t.total_steps for t in cfg.tasks), 1))
+    trainer = TrainerPool([actor])  # what the runtime trains through
 
     # Each tenant: its own LoRA weights, AdamW state and GRPO actor on the trainer,
     # a committed v0 adapter, and its prompts/workflow for the runtime.
     tokenizer = load_hf_tokenizer(cfg.tokenizer_path)
     kv = KVModel.for_config(cfg)
-    runs = [add_tenant(actor, s, store, tokenizer, cfg, kv) for s in cfg.tasks]
+    runs = [add_tenant(trainer, s, store, tokenizer, cfg, kv) for s in cfg.tasks]
 
     # The shared multi-LoRA server and AReaL's remote vLLM engine (subclassed).
     with RolloutSession(cfg, store.root) as session:
         for spec in cfg.tasks:
             session.engine.register_task(spec.name, 0, store.adapter_dir(spec.name, 0))
         options = RuntimeOptions(mode=cfg.scheduler.mode)
-        summary = Runtime(runs, session.engine, actor, store, options).run()
-    actor.destroy()
+        summary = Runtime(runs, session.engine, trainer, store, options).run()
+    trainer.destroy()
 
     for name, t in summary["tasks"].items():
         rewards = f"{t['reward_first']} -> {t['reward_last']}"

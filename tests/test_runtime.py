@@ -14,6 +14,7 @@ import torch
 
 from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.rundir.writer import RunStore
+from areal_marlaas.scheduler.backends import RolloutBackend, TrainBackend
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions, TaskRun
 from areal_marlaas.tasks.prompt_order import TaskData
 from areal_marlaas.train.pool import TrainerPool
@@ -38,6 +39,9 @@ class Rollout:
     def publish(self, task, version, path):
         self.version[task] = version
 
+    def remove_task(self, task):
+        pass
+
     def rollout_task(self, rows, workflow, kwargs=None, group_size=1, timeout=None):
         if self.gate is not None:
             assert self.gate.wait(60), "the probe was never polled enough"
@@ -47,9 +51,25 @@ class Rollout:
 
 
 class Trainer:
+    """A pool of one trainer: every task is on trainer 0."""
+
+    count = 1
+
     def __init__(self, skew: int = 0):
         self.version: dict[str, int] = {}
         self.skew = skew
+
+    def place(self, task):
+        return 0
+
+    def unplace(self, task):
+        pass
+
+    def trainer_of(self, task):
+        return 0
+
+    def remove_task(self, task):
+        pass
 
     def train_task(self, task, batch):
         self.version[task] = self.version.get(task, 0) + 1
@@ -78,6 +98,11 @@ def store(tmp_path) -> RunStore:
         Trainer().save_adapter(name, s.adapter_dir(name, 0))
         s.commit(name, 0, {"cursor": 0, "steps": 0})
     return s
+
+
+def test_the_stand_ins_have_all_the_runtime_calls():
+    assert isinstance(Rollout(), RolloutBackend)
+    assert isinstance(Trainer(), TrainBackend)
 
 
 def test_dispatcher_survives_5000_unreadable_kv_probes(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from areal_marlaas.scheduler.backends import TrainBackend
 from areal_marlaas.train.pool import TrainerPool, trainer_role
 
 
@@ -47,3 +48,8 @@ def test_a_failed_add_leaves_no_placement_behind():
     w[0].fail_add = False
     pool.add_task("b")  # worker 0 still counts as empty
     assert pool.trainer_of("b") == 0
+
+
+def test_a_pool_is_what_the_runtime_trains_through():
+    assert isinstance(TrainerPool([Worker()]), TrainBackend)
+    assert not isinstance(Worker(), TrainBackend)  # an engine alone is not

@@ -3,7 +3,9 @@
 One dispatcher loop owns the core: it takes events from a queue, feeds them to the
 core and starts the actions the core returns. Rollouts and publishes run on a
 thread pool (one task never has two in flight, so the pool needs one thread per
-task); training runs on a single thread, which is the serialized FIFO trainer.
+task); each trainer runs its steps on a thread of its own. What the runtime calls
+on the rollout side and on the trainers, and when, is in ``backends``: it always
+gets a trainer pool (``train.pool.TrainerPool``, one engine or several).
 Every mode (async, sync, sequential, collocated) is the same loop: only the core's
 decisions differ, so every mode writes the same run-directory files.
 
@@ -21,12 +23,13 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from areal.utils import logging
 
 from areal_marlaas import trajectory
 from areal_marlaas.rundir.writer import RunStore
+from areal_marlaas.scheduler.backends import RolloutBackend, TrainBackend
 from areal_marlaas.scheduler.core import (
     Action,
     AdmissionError,
@@ -51,24 +54,6 @@ from areal_marlaas.scheduler.core import (
 from areal_marlaas.tasks.prompt_order import TaskData
 
 logger = logging.getLogger("MARLaaSRuntime")
-
-
-class RolloutBackend(Protocol):
-    def publish(self, task: str, version: int, path: str) -> Any: ...
-
-    def rollout_task(
-        self, rows, workflow, workflow_kwargs=None, group_size=1, timeout=None
-    ) -> list[dict[str, Any]]: ...
-
-
-class TrainBackend(Protocol):
-    def train_task(self, task: str, batch: list[dict[str, Any]]) -> dict: ...
-
-    def save_adapter(self, task: str, path: str) -> Any: ...
-
-    def save_task_state(self, task: str, path: str) -> Any: ...
-
-    def release_batch(self, batch: list[dict[str, Any]]) -> None: ...
 
 
 class VersionMismatchError(RuntimeError):
@@ -149,9 +134,9 @@ class Runtime:
         self.tasks = {t.name: t for t in tasks}
         self.rollout = rollout
         self.trainer = trainer
-        # Several trainers (train.pool.TrainerPool): a task trains on the one
-        # that holds its state; each trainer has its own thread.
-        self.trainer_count = int(getattr(trainer, "count", 1))
+        # A task trains on the trainer that holds its state; each trainer has
+        # its own thread.
+        self.trainer_count = int(trainer.count)
         self.store = store
         self.core = SchedulerCore(
             trainers=self.trainer_count,
@@ -200,19 +185,15 @@ class Runtime:
 
     def place(self, task: str) -> int:
         """The trainer that will hold ``task`` (placed now if it is new)."""
-        place = getattr(self.trainer, "place", None)
-        return 0 if place is None else int(place(task))
+        return int(self.trainer.place(task))
 
     def unplace(self, task: str) -> None:
         """Undo ``place`` for a task whose set-up failed."""
-        unplace = getattr(self.trainer, "unplace", None)
-        if unplace is not None:
-            unplace(task)
+        self.trainer.unplace(task)
 
     def _trainer_of(self, task: str) -> int | None:
-        """The trainer holding ``task``; None: any (one trainer, or unknown)."""
-        trainer_of = getattr(self.trainer, "trainer_of", None)
-        return None if trainer_of is None else trainer_of(task)
+        """The trainer holding ``task``; None: any (not placed)."""
+        return self.trainer.trainer_of(task)
 
     def _submitted(self, t: TaskRun) -> Submitted:
         return Submitted(
@@ -404,11 +385,9 @@ class Runtime:
         it is doing) and its adapter on the server go; so do its rows."""
         t = self.tasks[task]
         t.batch = None
-        if hasattr(self.trainer, "remove_task"):
-            thread = self._trainers[self._trainer_of(task) or 0]
-            thread.submit(self._quietly, self.trainer.remove_task, task)
-        if hasattr(self.rollout, "remove_task"):
-            self._workers.submit(self._quietly, self.rollout.remove_task, task)
+        thread = self._trainers[self._trainer_of(task) or 0]
+        thread.submit(self._quietly, self.trainer.remove_task, task)
+        self._workers.submit(self._quietly, self.rollout.remove_task, task)
 
     @staticmethod
     def _quietly(fn, *args) -> None:

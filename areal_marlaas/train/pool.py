@@ -4,7 +4,10 @@ Each worker is a whole multi-LoRA FSDP engine (AReaL's controller and its
 workers, one role each). A task's LoRA weights and AdamW state live on the worker
 it is placed on when it is added, so its steps run there only; the scheduling
 core learns the placement from the runtime (``Submitted.trainer``) and gives a
-free worker the first queued batch placed on it. The pool owns the placement."""
+free worker the first queued batch placed on it. The pool owns the placement.
+
+The runtime always trains through a pool (``scheduler.backends.TrainBackend``
+lists what it calls); a single engine is a pool of one."""
 
 from __future__ import annotations
 
@@ -50,6 +53,7 @@ class TrainerPool:
             self._placed.pop(name, None)
 
     def trainer_of(self, name: str) -> int | None:
+        """The worker holding ``name``; None when it was never added."""
         with self._lock:
             return self._placed.get(name)
 

@@ -142,7 +142,7 @@ class MultiTaskTrainer:
         self.store = RunStore(cfg.run_dir, fresh=not cfg.resume)
         self.failed_at_start: dict[str, str] = dict(task_errors or {})
         self.restarts: list[dict[str, Any]] = []
-        self.engine = None  # the FSDP actor, or its single-controller handle
+        self.engine = None  # a TrainerPool of FSDP actors or their controllers
         self.scheduler = None
         self.session: RolloutSession | None = None
         self.elastic: ElasticCores | None = None  # scheduler.elastic_cpus
@@ -164,6 +164,7 @@ class MultiTaskTrainer:
             engine = MultiLoRAFSDPPPOActor(cfg.actor)
             engine.create_process_group()
             engine.initialize(None, ft_spec)
+            engines = [engine]
         else:
             engines = []
             try:
@@ -173,9 +174,8 @@ class MultiTaskTrainer:
                 for e in engines:
                     e.destroy()
                 raise
-            engine = engines[0] if len(engines) == 1 else TrainerPool(engines)
         self.timings["trainer_init_s"] = time.monotonic() - t0
-        return engine
+        return TrainerPool(engines)
 
     def _trainer_worker(self, role: str, ft_spec: FinetuneSpec):
         """One trainer worker (AReaL's controller and its ranks) as ``role``."""
@@ -261,7 +261,7 @@ class MultiTaskTrainer:
         """What the runtime trains with: the engine, sized per step when pinned."""
         if self.elastic is None:
             return engine
-        self.elastic.install(engine.model)
+        self.elastic.install(engine.engines[0].model)  # in-process: one engine
         return ElasticTrainBackend(engine, self.elastic)
 
     def _rollout_busy(self) -> bool:
