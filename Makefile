@@ -18,22 +18,22 @@ test-slow: setup
 
 # The fault-injection runs (kill -9 + resume, server kill, orphans): slow, run by CI.
 test-fault: setup
-	$(PY) -m pytest -m slow tests/test_fault_e2e.py tests/test_fault_server.py
+	$(PY) -m pytest -m slow tests/e2e/test_fault_e2e.py tests/e2e/test_fault_server.py
 
 # AReaL's PPOTrainer driving our workflow through its own launcher, and the
 # bench's replicated AReaL baseline at one tenant (~8 min): CI.
 test-example: setup
-	$(PY) -m pytest -m slow tests/test_examples.py
+	$(PY) -m pytest -m slow tests/e2e/test_examples.py
 
 # The job service live (real server, trainer, API, the openai SDK), a kill -9
 # and restart, and marlaas bench-service (async vs FIFO): ~20 min, in CI.
 test-service: setup
-	$(PY) -m pytest -m slow tests/test_service_e2e.py
+	$(PY) -m pytest -m slow tests/e2e/test_service_e2e.py
 
 # scheduler.type=ray (docs/ray.md): the quickstart on a local Ray head (vs an
 # in-process run, byte for byte), two logical nodes, the service; ~10 min, in CI.
 test-ray: setup
-	RAY_memory_monitor_refresh_ms=0 $(PY) -m pytest -m slow tests/test_ray_e2e.py
+	RAY_memory_monitor_refresh_ms=0 $(PY) -m pytest -m slow tests/e2e/test_ray_e2e.py
 
 lint: setup
 	$(AREAL_VENV)/bin/ruff check . && $(AREAL_VENV)/bin/ruff format --check .

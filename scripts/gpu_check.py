@@ -16,7 +16,7 @@ Steps, in order, each a subprocess in its own process group with its own time bu
   trainer_cuda       the plugin's FSDP trainer alone on CUDA (needs no vLLM): packed-
                      attention parity, LoRA slot swap, step time bf16 vs float32,
                      trained-adapter logprobs vs PEFT, seeded repeatability
-  rollout_multilora  pytest tests/test_rollout_multilora.py on a CUDA vLLM server
+  rollout_multilora  pytest tests/e2e/test_rollout_multilora.py on a CUDA vLLM server
   logprob_agreement  vLLM vs trainer logprobs of a GRPO-trained adapter, bf16 and
                      float32, and the adapter hot-swap (publish) time
   quickstart         marlaas train --config configs/quickstart.yaml (bf16, CUDA)

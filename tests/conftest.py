@@ -66,3 +66,11 @@ def distinct_adapters(model_path, tmp_path_factory) -> list[Path]:
         init_lora_adapter(model_path, root / f"a{i}", rank=8, seed=i, b_init_std=0.02)
         for i in range(4)
     ]
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_path):
+    """The default model's tokenizer."""
+    from areal.utils.hf_utils import load_hf_tokenizer
+
+    return load_hf_tokenizer(str(model_path))

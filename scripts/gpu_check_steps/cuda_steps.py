@@ -116,7 +116,7 @@ def step_rollout(ctx: Ctx):
             ctx.facts["trainer"]["python"],
             "-m",
             "pytest",
-            "tests/test_rollout_multilora.py",
+            "tests/e2e/test_rollout_multilora.py",
             "-q",
             "-p",
             "no:cacheprovider",

@@ -148,7 +148,7 @@ def one(dtype: str, work: Path, steps: int, eager: str, gpu_mem: str) -> dict:
         trained = trainer.compute_logp(data)
         trainer.config.temperature = 1.0  # what raw, untempered logprobs would be
         if dtype == "float32":
-            # tests/test_logprob_agreement.py's bound (float32 server and trainer).
+            # tests/e2e/test_logprob_agreement.py's bound (float32 server and trainer).
             out["within_cpu_test_tolerance_1e-3"] = out["mean_abs_diff"] < 1e-3
         out["untempered_mean_abs_diff"] = mean_max_abs_diff(
             data, trainer.compute_logp(data)

@@ -83,7 +83,7 @@ def make_steps() -> list[Step]:
         Step(
             "rollout_multilora",
             B["rollout_multilora"],
-            "pytest tests/test_rollout_multilora.py on a bf16 CUDA vLLM server",
+            "pytest tests/e2e/test_rollout_multilora.py on a bf16 CUDA vLLM server",
             step_rollout,
             preview_needs(need_gpu, need_trainer, need_vllm, need_model),
             post_rollout,

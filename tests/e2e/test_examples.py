@@ -10,8 +10,7 @@ import sys
 import pytest
 
 from areal_marlaas.rundir.reader import read_jsonl
-
-from .conftest import REPO
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.vllm
 

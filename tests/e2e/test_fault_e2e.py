@@ -19,9 +19,8 @@ from areal_marlaas.config import load_config
 from areal_marlaas.rollout.reaper import group_members
 from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.train.trainer import MultiTaskTrainer
-
-from .conftest import REPO
-from .helpers import LeaseLog
+from tests.conftest import REPO
+from tests.helpers import LeaseLog
 
 pytestmark = pytest.mark.vllm
 
@@ -181,7 +180,7 @@ def test_raising_reward_and_missing_dataset_fail_alone(tmp_path, vllm_server):
         "tasks:\n"
         "  - {name: add2, kind: addition}\n"
         "  - {name: mul1, kind: multiplication,\n"
-        "     reward_fn: tests.test_fault.raising_reward}\n"
+        "     reward_fn: tests.unit.test_fault.raising_reward}\n"
         "  - {name: add1, kind: addition, dataset: {digits: 1}}\n"
         "  - {name: gsm, kind: gsm8k, dataset: {path: /nonexistent.jsonl}}\n"
         f"  - {{name: gsm_bad, kind: gsm8k, dataset: {{path: {bad}}}}}\n"

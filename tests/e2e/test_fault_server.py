@@ -10,10 +10,9 @@ import textwrap
 import pytest
 
 from areal_marlaas.rollout.reaper import group_members
+from tests.helpers import alive, wait_for
 
-from .test_fault import alive, wait_for
-
-# ~90 s on 2 CPU cores (a server of its own); tests/test_fault.py has the same
+# ~90 s on 2 CPU cores (a server of its own); tests/unit/test_fault.py has the same
 # check with a stand-in server in the default suite.
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -13,8 +13,7 @@ from areal_marlaas.config import load_config
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
-
-from .conftest import REPO
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.vllm
 

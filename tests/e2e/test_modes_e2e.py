@@ -10,8 +10,7 @@ import pytest
 from areal_marlaas.config import load_config
 from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.train.trainer import MultiTaskTrainer
-
-from .conftest import REPO
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.vllm
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from areal_marlaas.rollout.server import free_port
+from tests.conftest import REPO
 
-from .conftest import REPO
 from .test_fault_e2e import contents
 from .test_train_e2e import check_run_dir, small_run
 

@@ -13,8 +13,7 @@ from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.rollout.server_metrics import scrape
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
-
-from .helpers import LeaseLog, ok, trajectory_summary
+from tests.helpers import LeaseLog, ok, trajectory_summary
 
 pytestmark = pytest.mark.vllm
 

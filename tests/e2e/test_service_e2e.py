@@ -23,8 +23,7 @@ from areal_marlaas.bench.service_load import ServiceProcess, arithmetic_lines
 from areal_marlaas.config import load_config
 from areal_marlaas.config.service import ServiceRunConfig
 from areal_marlaas.rollout.server import free_port
-
-from .conftest import REPO
+from tests.conftest import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

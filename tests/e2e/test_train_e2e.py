@@ -14,9 +14,8 @@ from areal_marlaas.config import load_config
 from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
 from areal_marlaas.train.trainer import MultiTaskTrainer
-
-from .conftest import REPO
-from .helpers import assert_bitwise_equal, lora_snapshot, optimizer_snapshot
+from tests.conftest import REPO
+from tests.helpers import assert_bitwise_equal, lora_snapshot, optimizer_snapshot
 
 pytestmark = pytest.mark.vllm
 
@@ -150,71 +149,96 @@ def test_three_tasks_two_steps_async_end_to_end(
             )
 
 
-def test_marlaas_train_cli_on_areal_local_scheduler(tmp_path, vllm_server):
-    """The CLI default: AReaL's single controller with LocalScheduler workers. One
-    tenant's reward raises: on this placement the rollout runs in an AReaL
-    worker process, and the reward's error must still reach summary.json (not
-    only "all rollouts failed") while the other tenants finish."""
-    proc, run = train_on_local_scheduler(
-        tmp_path,
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory, vllm_server):
+    """The CLI default once for this module's checks: AReaL's single controller
+    with LocalScheduler workers, one tenant's reward raising (on this placement
+    the rollout runs in an AReaL worker process)."""
+    return train_on_local_scheduler(
+        tmp_path_factory.mktemp("cli"),
         vllm_server.address,
         "cli",
-        ["tasks.1.reward_fn=tests.test_fault.raising_reward"],
+        ["tasks.1.reward_fn=tests.unit.test_fault.raising_reward"],
     )
 
-    path = run / "summary.json"
-    assert path.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+
+def test_marlaas_train_cli_on_areal_local_scheduler(cli_run):
+    """The healthy tenants finish and the table and run directory are printed."""
+    proc, run = cli_run
+
+    assert (run / "summary.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     check_run_dir(run, tasks=("add2", "add1"))
-    tasks = json.loads(path.read_text())["tasks"]
-    assert tasks["mul1"]["status"] == "failed"
-    assert "reward_fn raised ValueError: tenant bug" in tasks["mul1"]["error"]
-    # The per-task table and the run directory are printed at the end.
     assert f"run dir: {run}" in proc.stdout
     table = [line.split()[:3] for line in proc.stdout.splitlines()]
     assert ["add2", "done", "2"] in table and ["add1", "done", "2"] in table
     assert any(row[:2] == ["mul1", "failed"] for row in table)
 
-    # The quiet screen on this path: the workers' start-up output (AReaL INFO
-    # lines, gloo, weight-loading bars) goes to their log files, not the screen.
+
+def test_a_reward_raising_in_a_worker_reaches_the_summary(cli_run):
+    """Not only "all rollouts failed": the reward's own error, from the worker."""
+    proc, run = cli_run
+
+    tasks = json.loads((run / "summary.json").read_text())["tasks"]
+    assert tasks["mul1"]["status"] == "failed"
+    assert "reward_fn raised ValueError: tenant bug" in tasks["mul1"]["error"]
+
+
+def test_the_screen_stays_quiet_and_the_workers_output_goes_to_their_logs(cli_run):
+    """AReaL INFO lines, gloo and weight-loading bars of the workers' start-up go
+    to their log files, not the screen."""
+    proc, run = cli_run
+
     screen = (proc.stdout + proc.stderr).splitlines()
     noise = [ln for ln in screen if " INFO: " in ln or "[Gloo]" in ln]
     noise += [ln for ln in screen if "Loading weights" in ln]
     assert not noise, "\n".join(noise[:10])
     assert len(screen) <= 40, "\n".join(screen)
     assert any("starting the trainer" in ln for ln in screen)
-    worker_log = run / "logs" / "actor.log"
-    assert "Guard" in worker_log.read_text()  # what left the screen was kept
-    # The trainer worker started keeping the pages it frees (train/heap.py).
-    # glibc's defaults fault in 60k+ fresh pages on every step here; a kept heap
-    # faults only where a step needs more than any step before it (a longer
-    # batch: 32k pages once in CI), so after the worker's first step some step
-    # reuses the heap outright (0-3.5k seen).
+    assert "Guard" in (run / "logs" / "actor.log").read_text()  # kept, not lost
+
+
+def test_the_trainer_worker_keeps_the_pages_it_frees(cli_run):
+    """glibc's defaults fault in 60k+ fresh pages on every step here; a kept heap
+    (train/heap.py) faults only where a step needs more than any step before it
+    (a longer batch: 32k pages once in CI), so after the worker's first step
+    some step reuses the heap outright (0-3.5k seen)."""
+    _, run = cli_run
+
     steps = read_jsonl(run / "steps.jsonl")
     assert all(s["page_faults"] >= 0 for s in steps)
     after_first = [s["page_faults"] for s in steps[1:]]
     assert len(after_first) == 3 and min(after_first) < 20_000, after_first
 
 
-def test_two_trainer_workers_each_train_their_own_tasks(tmp_path, vllm_server):
-    """scheduler.trainers=2 on the LocalScheduler: two trainer workers (roles
-    actor and actor1), each task placed on one and trained only there, versions
-    in order, and no batch waiting while its worker is idle."""
-    proc, run = train_on_local_scheduler(
-        tmp_path, vllm_server.address, "two", ["scheduler.trainers=2"]
+PLACED = {"add2": 0, "mul1": 1, "add1": 0}  # arrival order, fewest tasks first
+
+
+@pytest.fixture(scope="module")
+def two_trainers(tmp_path_factory, vllm_server):
+    """scheduler.trainers=2 on the LocalScheduler: trainer workers actor, actor1."""
+    return train_on_local_scheduler(
+        tmp_path_factory.mktemp("two"),
+        vllm_server.address,
+        "two",
+        ["scheduler.trainers=2"],
     )
+
+
+def test_two_trainer_workers_each_train_their_own_tasks(two_trainers):
+    """Each task is placed on one worker and trained only there, versions in
+    order; each worker is its own AReaL role and process."""
+    proc, run = two_trainers
 
     assert (run / "summary.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     check_run_dir(run)
-    # Placed in arrival order on the worker holding the fewest tasks.
     steps = read_jsonl(run / "steps.jsonl")
-    placed = {"add2": 0, "mul1": 1, "add1": 0}
-    assert {s["task"]: s["trainer"] for s in steps} == placed
-    assert all(s["trainer"] == placed[s["task"]] for s in steps)
-    # Each worker was its own AReaL role and process.
+    assert {s["task"]: s["trainer"] for s in steps} == PLACED
+    assert all(s["trainer"] == PLACED[s["task"]] for s in steps)
     assert (run / "logs" / "actor.log").is_file()
     assert (run / "logs" / "actor1.log").is_file()
-    # Steps of different workers ran at once, never two on one worker, and a
-    # batch started as soon as its rollout ended or its worker freed up.
+
+
+def worker_trains(run) -> tuple[dict[int, list[dict]], dict]:
     events = [e for e in read_jsonl(run / "events.jsonl") if e.get("phase")]
     trains = sorted(
         (e for e in events if e["phase"] == "train"), key=lambda e: e["start"]
@@ -222,14 +246,28 @@ def test_two_trainer_workers_each_train_their_own_tasks(tmp_path, vllm_server):
     ends = {
         (e["task"], e["version"]): e["end"] for e in events if e["phase"] == "rollout"
     }
-    worker = {0: [], 1: []}
+    worker: dict[int, list[dict]] = {0: [], 1: []}
     for t in trains:
-        worker[placed[t["task"]]].append(t)
+        worker[PLACED[t["task"]]].append(t)
+    return worker, ends
+
+
+def test_two_trainer_workers_train_at_once_but_one_step_each(two_trainers):
+    worker, _ = worker_trains(two_trainers[1])
+
     for mine in worker.values():
         assert all(a["end"] <= b["start"] for a, b in zip(mine, mine[1:]))
+    assert any(overlaps(a, b) for a in worker[0] for b in worker[1])
+
+
+def test_no_batch_waits_while_its_trainer_worker_is_idle(two_trainers):
+    """A batch starts training within 1 s of the later of its rollout's end and
+    its worker's last step."""
+    worker, ends = worker_trains(two_trainers[1])
+
+    for mine in worker.values():
         free_at = 0.0
         for t in mine:
             ready = max(ends[(t["task"], t["version"])], free_at)
             assert t["start"] - ready < 1.0, (t, ready)
             free_at = t["end"]
-    assert any(overlaps(a, b) for a in worker[0] for b in worker[1])

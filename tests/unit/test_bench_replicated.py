@@ -18,8 +18,7 @@ from areal_marlaas.bench.run_metrics import memory_peaks
 from areal_marlaas.bench.sampler import machine_used_bytes, tree_memory_bytes
 from areal_marlaas.config import BenchConfig, ConfigError, load_config
 from areal_marlaas.config.bench import BenchRunConfig
-
-from .conftest import REPO
+from tests.conftest import REPO
 
 
 def bench_cfg(*overrides: str) -> BenchRunConfig:

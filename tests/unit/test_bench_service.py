@@ -159,8 +159,7 @@ def test_shipped_config_loads_and_sets_the_services_apart():
     from omegaconf import OmegaConf
 
     from areal_marlaas.bench.service_bench import ServiceBench, load_service_bench
-
-    from .conftest import REPO
+    from tests.conftest import REPO
 
     cfg, base, overrides = load_service_bench(
         [

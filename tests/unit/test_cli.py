@@ -14,8 +14,7 @@ import pytest
 
 from areal_marlaas.cli import _parse, build_parser
 from areal_marlaas.cli.args import config_argv
-
-from .conftest import REPO
+from tests.conftest import REPO
 
 CONSOLE = Path(sys.executable).with_name("marlaas")
 MODULE = [sys.executable, "-m", "areal_marlaas.cli"]

@@ -21,8 +21,7 @@ from areal_marlaas.config.server import (
     RolloutServerConfig,
 )
 from areal_marlaas.train.heap import KEEP_ENV
-
-from .conftest import REPO
+from tests.conftest import REPO
 
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
 SMALL = [

@@ -9,10 +9,9 @@ import yaml
 
 from areal_marlaas.cli import main as marlaas
 from areal_marlaas.config import ConfigError, load_config
+from tests.conftest import SHARED_DATA
 
-from .conftest import SHARED_DATA
-
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
 # configs/bench.yaml is a train config plus a `bench:` section: `marlaas bench`
 # reads it (test_shipped_bench_config_loads), `marlaas check` does not.

@@ -10,8 +10,8 @@ import pytest
 from areal_marlaas.config import ConfigError, load_config
 from areal_marlaas.config.run import _UNUSED_SECTIONS, UNHONORED
 from areal_marlaas.config.tasks import TaskPPOConfig
+from tests.conftest import REPO
 
-from .conftest import REPO
 from .test_train_engine import make_engine, ragged_batch
 from .test_train_engine import single_rank_env as single_rank_env  # noqa: F401
 from .test_train_engine import tiny as tiny  # noqa: F401

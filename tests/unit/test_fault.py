@@ -37,6 +37,7 @@ from areal_marlaas.workflows.reward import (
     RewardError,
     RewardTimeoutError,
 )
+from tests.helpers import alive, wait_for
 
 
 def fake_adapter(store: RunStore, task: str, version: int) -> None:
@@ -140,23 +141,6 @@ LAUNCHER = textwrap.dedent(
     time.sleep(600)
     """
 )
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_for(cond, timeout: float, step: float = 0.1) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if cond():
-            return time.monotonic() - t0
-        time.sleep(step)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def test_sigkilled_launcher_leaves_no_server_or_worker(tmp_path):

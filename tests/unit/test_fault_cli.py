@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from areal_marlaas.cli import main
-
-from .conftest import REPO
+from tests.conftest import REPO
 
 CASES = {
     "syntax": (

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from areal_marlaas.train.engine import TASK_STATE, NonFiniteUpdateError, _task_rng
+from tests.helpers import assert_bitwise_equal, lora_snapshot, optimizer_snapshot
 
-from .helpers import assert_bitwise_equal, lora_snapshot, optimizer_snapshot
 from .test_train_engine import make_engine, ragged_batch
 from .test_train_engine import single_rank_env as single_rank_env  # noqa: F401
 from .test_train_engine import tiny as tiny  # noqa: F401

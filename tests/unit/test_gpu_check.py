@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import alive
+
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.py"
 STEP_ORDER = [
     "build",
@@ -68,15 +70,6 @@ def run(steps, tmp_path, deadline, reserve=0.5, min_start=1.0):
     wall = time.monotonic() - t0
     doc = json.loads((ctx.out / "gpu_check.json").read_text())
     return doc, {s["name"]: s for s in doc["steps"]}, wall
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_step_over_its_budget_is_killed_and_the_next_step_runs(tmp_path):

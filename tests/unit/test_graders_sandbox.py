@@ -195,7 +195,7 @@ def test_sees_only_a_minimal_read_only_root(other_tenant_file):
         "import os\n"
         "def grade(sample, item):\n"
         "    seen = sorted(os.listdir('/'))\n"
-        f"    paths = ({str(Path(__file__).resolve().parents[1])!r},\n"
+        f"    paths = ({str(Path(__file__).resolve().parents[2])!r},\n"
         f"             '/proc/1/environ', {str(Path.home() / '.cache')!r},\n"
         f"             {str(other_tenant_file.parent.parent)!r})\n"
         "    leaks = [p for p in paths if os.path.exists(p)]\n"

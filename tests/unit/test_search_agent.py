@@ -9,7 +9,6 @@ import socket
 import time
 
 import pytest
-import requests
 import torch
 from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest, ModelResponse
@@ -48,13 +47,6 @@ def corpus_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in CORPUS))
     return path
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_path):
-    from areal.utils.hf_utils import load_hf_tokenizer
-
-    return load_hf_tokenizer(str(model_path))
 
 
 # -- retrieval ----------------------------------------------------------------------
@@ -324,62 +316,6 @@ def test_judge_refused_connection_scores_zero_without_raising():
 
     assert (result.score, result.attempts) == (0.0, 2)
     assert "failed" in result.reason
-
-
-@pytest.mark.vllm
-@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
-def test_judge_against_real_vllm_returns_zero_or_one(vllm_server, model_path, route):
-    base = f"http://{vllm_server.address}"
-    models = requests.get(f"{base}/v1/models", timeout=10).json()["data"]
-    model = next(m["id"] for m in models if m["id"] == str(model_path))
-    judge = JudgeClient(base + route, model, timeout_s=60, retries=1)
-
-    result = asyncio.run(
-        judge.score("What is the capital of France?", "Paris", "Paris")
-    )
-
-    assert result.score in (0.0, 1.0)
-    assert result.reply or result.reason
-    assert result.attempts == 1  # the server answered; no retry was needed
-
-
-@pytest.mark.vllm
-def test_real_server_stops_at_stop_string_and_returns_its_tokens(
-    vllm_server, model_path, distinct_adapters, tokenizer
-):
-    from areal.api.cli_args import InferenceEngineConfig
-
-    from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
-
-    cfg = InferenceEngineConfig(
-        experiment_name="test",
-        trial_name="stop",
-        backend="vllm:d1",
-        use_lora=True,
-        setup_timeout=60,
-        request_timeout=300,
-    )
-    engine = MultiLoRAvLLMEngine(cfg)
-    engine.initialize(addr=vllm_server.address, train_data_parallel_size=1)
-    try:
-        engine.register_task("stoptest", 0, distinct_adapters[0])
-        prompt = "".join(f"<search>query {i}</search>\n" for i in range(12))
-        gconfig = GenerationHyperparameters(
-            max_new_tokens=32, greedy=True, lora_name="stoptest", stop=["</search>"]
-        )
-        req = ModelRequest(
-            input_ids=tokenizer.encode(prompt + "<search>"), gconfig=gconfig
-        )
-
-        resp = asyncio.run(engine.agenerate(req))
-    finally:
-        engine.destroy()
-
-    text = tokenizer.decode(resp.output_tokens)
-    # Generation ended at the stop string, and the tokens that spell it came back.
-    assert resp.stop_reason == "stop", text
-    assert text.count("</search>") == 1 and text.rstrip().endswith("</search>")
-    assert len(resp.output_logprobs) == len(resp.output_tokens)
 
 
 def test_response_prefix_is_masked_prompt_and_starts_the_first_call(

@@ -46,11 +46,11 @@ from areal_marlaas.tools.search_server import (
     uvicorn_server,
 )
 from areal_marlaas.workflows import task_workflow
+from tests.conftest import SHARED_DATA
+from tests.helpers import alive
 
-from .conftest import SHARED_DATA
 from .test_search_agent import CORPUS, ScriptedEngine, make_workflow, row, run
 from .test_search_agent import corpus_path as corpus_path  # noqa: F401
-from .test_search_agent import tokenizer as tokenizer  # noqa: F401
 
 HOTPOT = SHARED_DATA / "hotpotqa"
 TRAJ_KEYS = ("input_ids", "loss_mask", "logprobs", "versions", "attention_mask")
@@ -414,14 +414,6 @@ def test_auto_server_outlives_the_launching_thread_and_stops_with_the_run(
     assert not any(alive(p) for p in pids)
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health", timeout=2)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # A "trainer" that starts an auto server, prints its pids, then waits to be killed.

@@ -7,7 +7,6 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from areal.utils.hf_utils import load_hf_tokenizer
 
 from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.graders import parse_grader
@@ -26,11 +25,6 @@ GRADER = {
     "reference": "{{ item.answer }}",
     "operation": "like",
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_path):
-    return load_hf_tokenizer(str(model_path))
 
 
 def write(tmp_path, rows, name="t.jsonl"):

@@ -18,8 +18,7 @@ from areal_marlaas.model_prep import make_tiny_model
 from areal_marlaas.train.audit import logprob_gap
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor, StaleBatchError
 from areal_marlaas.train.multilora import _full
-
-from .helpers import assert_bitwise_equal, lora_snapshot, optimizer_snapshot
+from tests.helpers import assert_bitwise_equal, lora_snapshot, optimizer_snapshot
 
 # Observed packed-vs-per-sequence difference is ~5e-7 in float32 (different kernel
 # shapes sum in a different order); attending across a sequence boundary shifts

@@ -1,5 +1,5 @@
 """The trainer pool's placement: a pure policy over its workers (recorders stand
-in for the FSDP engines here; tests/test_train_e2e.py runs real ones)."""
+in for the FSDP engines here; tests/e2e/test_train_e2e.py runs real ones)."""
 
 from __future__ import annotations
 
