@@ -107,6 +107,10 @@ def _service(args: argparse.Namespace) -> int:
     from areal_marlaas.train.heap import keep_freed_pages_if_asked
 
     keep_freed_pages_if_asked(argv)
+    from areal_marlaas.train import screen
+
+    if not screen.asks_verbose(argv):  # before AReaL's import-time INFO lines
+        screen.quiet_console()
     from areal_marlaas.service.runner import main as service_main
 
     return service_main(argv)
