@@ -28,7 +28,7 @@ def assert_bitwise_equal(a, b) -> None:
             assert_bitwise_equal(a[k], b[k])
     elif isinstance(a, list):
         assert len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             assert_bitwise_equal(x, y)
     elif torch.is_tensor(a):
         assert torch.equal(a, b)

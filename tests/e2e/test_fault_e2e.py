@@ -118,7 +118,7 @@ def test_sigkilled_trainer_resumes_with_contiguous_versions(tmp_path, vllm_serve
     common += ["fault.deterministic=true", *tiny_tasks(2, 4)]
     argv = [*common, "trial_name=kill"]
     run = tmp_path / "marlaas-quickstart" / "kill"
-    log = open(tmp_path / "first.log", "w")
+    log = open(tmp_path / "first.log", "w")  # noqa: SIM115 (the child writes it)
     first = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
     def committed() -> int:

@@ -75,7 +75,7 @@ def test_vllm_logprobs_match_trainer_at_sampling_temperature(
 
 def mean_abs_diff(data, recomputed) -> float:
     diffs = []
-    for traj, logp in zip(data, recomputed):
+    for traj, logp in zip(data, recomputed, strict=False):
         mask = traj["loss_mask"].bool()
         # vLLM's logprob of token i sits at i; the trainer's at i - 1.
         vllm = traj["logprobs"][mask]

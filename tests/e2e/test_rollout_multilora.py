@@ -73,7 +73,7 @@ def run_concurrently(fns: dict[str, callable]) -> dict:
 def test_register_three_tasks_serves_each_as_task_v0(
     engine, vllm_server, distinct_adapters
 ):
-    for task, path in zip(("r_a", "r_b", "r_c"), distinct_adapters):
+    for task, path in zip(("r_a", "r_b", "r_c"), distinct_adapters, strict=False):
         engine.register_task(task, 0, path)
 
     models = served_models(vllm_server.address)
@@ -90,7 +90,7 @@ def test_greedy_same_prompt_yields_adapter_specific_outputs(
     engine, model_path, distinct_adapters
 ):
     tasks = ("g_a", "g_b", "g_c")
-    for task, path in zip(tasks, distinct_adapters):
+    for task, path in zip(tasks, distinct_adapters, strict=False):
         engine.register_task(task, 0, path)
     rows = make_arithmetic_rows("addition", 1, 2, seed=7)
 
@@ -113,7 +113,7 @@ def test_mixed_batch_of_three_tasks_is_served_together(
     engine, vllm_server, model_path, distinct_adapters
 ):
     tasks = ("m_a", "m_b", "m_c")
-    for task, path in zip(tasks, distinct_adapters):
+    for task, path in zip(tasks, distinct_adapters, strict=False):
         engine.register_task(task, 0, path)
     rows = make_arithmetic_rows("multiplication", 6, 1, seed=3)
 

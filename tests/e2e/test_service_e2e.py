@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import openai
@@ -255,7 +256,10 @@ def test_tenants_jobs_chat_results_isolation_cancel_and_queueing(tmp_path):
             return [t.logprob for t in r.choices[0].logprobs.content]
 
         tuned, base = lp(ft), lp(BASE)
-        assert max(abs(x - y) for x, y in zip(tuned, base)) > 1e-4, (tuned, base)
+        assert max(abs(x - y) for x, y in zip(tuned, base, strict=False)) > 1e-4, (
+            tuned,
+            base,
+        )
         assert {m.id for m in a.models.list().data} >= {BASE, ft}
 
         # The result file is the final PEFT adapter; stock PEFT loads it.
@@ -374,8 +378,10 @@ def test_two_trainer_workers_serve_two_tenants_jobs(tmp_path):
                     model=BASE, training_file=f.id, method=method(STRING_CHECK)
                 )
             )
-        done = [wait_all(c, [j.id], 900)[j.id] for c, j in zip(clients, jobs)]
-        for c, j, job in zip(clients, jobs, done):
+        done = [
+            wait_all(c, [j.id], 900)[j.id] for c, j in zip(clients, jobs, strict=False)
+        ]
+        for c, j, job in zip(clients, jobs, done, strict=False):
             assert job.status == "succeeded", (job, live.tail())
             steps = sorted(
                 x.step_number for x in c.fine_tuning.jobs.checkpoints.list(j.id).data
@@ -429,8 +435,8 @@ def test_bench_service_runs_async_and_fifo_services_under_poisson_load(tmp_path)
         spans[service] = [(j["commits"][0], j["commits"][-1]) for j in r["jobs"]]
     # fifo: one job at a time, in arrival order; async: jobs overlap.
     fifo = spans["fifo"]
-    assert all(a[1] < b[0] for a, b in zip(fifo, fifo[1:])), fifo
-    assert any(a[1] > b[0] for a, b in zip(spans["async"], spans["async"][1:]))
+    assert all(a[1] < b[0] for a, b in pairwise(fifo)), fifo
+    assert any(a[1] > b[0] for a, b in pairwise(spans["async"]))
     # Which service gives the lower TTFS is what bench-service measures, not a
     # behaviour: with 3 jobs on 2 shared cores async's last first step once came
     # later than FIFO's third (CI: 54.6 vs 50.2 s). The queueing is asserted.

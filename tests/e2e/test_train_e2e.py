@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from itertools import pairwise
 
 import pytest
 import requests
@@ -256,7 +257,7 @@ def test_two_trainer_workers_train_at_once_but_one_step_each(two_trainers):
     worker, _ = worker_trains(two_trainers[1])
 
     for mine in worker.values():
-        assert all(a["end"] <= b["start"] for a, b in zip(mine, mine[1:]))
+        assert all(a["end"] <= b["start"] for a, b in pairwise(mine))
     assert any(overlaps(a, b) for a in worker[0] for b in worker[1])
 
 

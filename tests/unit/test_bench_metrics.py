@@ -114,7 +114,7 @@ def test_trainer_bound_and_elastic_cores_exact_numbers(run_dir):
     timed = [
         {**s, "train_s": t, "cores_mean": c, "borrowed_s": b}
         for s, t, c, b in zip(
-            STEPS, (10, 10, 10, 10), (2.0, 1.0, 1.5, 1.5), (10, 0, 5, 5)
+            STEPS, (10, 10, 10, 10), (2.0, 1.0, 1.5, 1.5), (10, 0, 5, 5), strict=False
         )
     ]
     (run_dir / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in timed))

@@ -4,6 +4,7 @@ metrics of a run, the summary's async / fifo ratios, and config refusals."""
 from __future__ import annotations
 
 import statistics
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -17,8 +18,8 @@ from areal_marlaas.errors import ConfigError
 
 def test_arrivals_are_poisson_and_shared_across_rates():
     t = arrival_times(20000, rate_per_min=6.0, seed=3)
-    assert t[0] == 0.0 and all(b > a for a, b in zip(t, t[1:]))
-    gaps = [b - a for a, b in zip(t, t[1:])]
+    assert t[0] == 0.0 and all(b > a for a, b in pairwise(t))
+    gaps = [b - a for a, b in pairwise(t)]
     # Exponential gaps: mean = sd = 60 / rate.
     assert statistics.fmean(gaps) == pytest.approx(10.0, rel=0.03)
     assert statistics.stdev(gaps) == pytest.approx(10.0, rel=0.05)

@@ -110,7 +110,7 @@ def test_speedups_only_over_sessions_of_the_same_machine_and_workload():
     compare(rows, ref, machine, options)
     mine = [v for v in rows[0]["vs_reference"] if v["session"] == session["date"]]
     assert [v["path"] for v in mine] == [r["path"] for r in session["rows"]]
-    for v, r in zip(mine, session["rows"]):
+    for v, r in zip(mine, session["rows"], strict=False):
         assert v["speedup"] == pytest.approx(r["step_s_mean"] / 5.0)
     assert "x |" in format_table(rows)
     assert "| yes |" in format_reference(ref, machine, options)

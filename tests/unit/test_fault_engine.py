@@ -81,7 +81,7 @@ def test_recomputed_logprobs_make_the_step_independent_of_server_logprobs(tiny):
     for task in ("c", "d"):
         engine.add_task(task, lr=1e-2, total_steps=5, n_samples=2, seed=1)
 
-    for task, data in zip("abcd", (batch, nudged, batch, nudged)):
+    for task, data in zip("abcd", (batch, nudged, batch, nudged), strict=True):
         engine.train_task(task, [data])
 
     assert_bitwise_equal(lora_snapshot(engine, "b"), lora_snapshot(engine, "a"))

@@ -48,9 +48,8 @@ def test_wait_drained_blocks_until_last_lease_ends():
 
 
 def test_lease_of_unknown_task_names_the_fix():
-    with pytest.raises(KeyError, match="load_adapter"):
-        with AdapterRegistry().lease("nope"):
-            pass
+    with pytest.raises(KeyError, match="load_adapter"), AdapterRegistry().lease("nope"):
+        pass
 
 
 def test_retire_bookkeeping():

@@ -332,7 +332,7 @@ def test_env_intervals_cover_the_injected_latency(tokenizer, index):
 
     env = traj["env_intervals"]
     assert len(env) == 4
-    for start, end in zip(env[::2], env[1::2]):
+    for start, end in zip(env[::2], env[1::2], strict=False):
         assert end - start >= 0.2
 
 

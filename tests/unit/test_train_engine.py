@@ -305,7 +305,7 @@ def test_audit_from_the_update_forward_and_lm_head_rows_leave_the_update(tiny):
         head = engine.model.get_output_embeddings()
         # Rows the head computed: the ones not left all zero.
         head.register_forward_hook(
-            lambda m, i, o: rows.append(int(o[0].abs().sum(-1).gt(0).sum()))
+            lambda m, i, o, rows=rows: rows.append(int(o[0].abs().sum(-1).gt(0).sum()))
         )
         try:
             engine.add_task("a", lr=1e-2, total_steps=3, n_samples=2, seed=0)
@@ -329,8 +329,8 @@ def test_audit_from_the_update_forward_and_lm_head_rows_leave_the_update(tiny):
                 engine.slots["a"].meta["audit_trajectories"] = 2
             compute_logp = engine.compute_logp
 
-            def spy(*args, _f=compute_logp, **kwargs):
-                logps.append(1)
+            def spy(*args, _f=compute_logp, _logps=logps, **kwargs):
+                _logps.append(1)
                 return _f(*args, **kwargs)
 
             engine.compute_logp = spy
