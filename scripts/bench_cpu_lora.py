@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import requests
+import httpx
 
 from areal_marlaas.adapters import init_lora_adapter
 from areal_marlaas.model_prep import prepare_default_model
@@ -54,7 +54,7 @@ def measure(
 
     def generate(name: str, tokens: int) -> None:
         body = {"model": name, "prompt": [PROMPT], "n": 4, "max_tokens": tokens}
-        r = requests.post(
+        r = httpx.post(
             f"{base}/v1/completions", json={**body, "ignore_eos": True}, timeout=1800
         )
         r.raise_for_status()
@@ -69,7 +69,7 @@ def measure(
         names = []
         for i, a in enumerate(adapters):
             names.append(f"t{i}")
-            r = requests.post(
+            r = httpx.post(
                 f"{base}/v1/load_lora_adapter",
                 json={"lora_name": names[-1], "lora_path": str(a)},
                 timeout=120,

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import requests
+import httpx
 from areal.utils import logging
 from omegaconf import OmegaConf, open_dict
 
@@ -87,12 +87,11 @@ def warm_up(address: str, n: int, max_tokens: int = 16) -> None:
     the server's first batches."""
     if n <= 0:
         return
-    model = requests.get(f"http://{address}/v1/models", timeout=30).json()["data"][0][
-        "id"
-    ]
+    models = httpx.get(f"http://{address}/v1/models", timeout=30).json()
+    model = models["data"][0]["id"]
 
     def one(i: int) -> None:
-        requests.post(
+        httpx.post(
             f"http://{address}/v1/completions",
             json={"model": model, "prompt": f"{i} + {i} =", "max_tokens": max_tokens},
             timeout=300,

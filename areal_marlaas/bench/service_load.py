@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import requests
+import httpx
 
 from areal_marlaas.bench.run_metrics import percentile
 from areal_marlaas.procs import stop_group, tail
@@ -85,17 +85,22 @@ def arrival_times(n: int, rate_per_min: float, seed: int) -> list[float]:
     return out
 
 
-def run_metrics(jobs: list[dict[str, Any]], first_arrival: float) -> dict[str, Any]:
+def run_metrics(
+    jobs: list[dict[str, Any]], first_arrival: float | None
+) -> dict[str, Any]:
     """The load metrics of one run. ``jobs``: per job, in arrival order,
     ``{"status", "ttfs_s", "commits": [t, ...], "train_s": [s, ...]}``;
-    ``first_arrival``: the wall time the first job was created."""
+    ``first_arrival``: the wall time the first job was created (None: none was)."""
     ttfs = [j["ttfs_s"] for j in jobs]
     known = [t for t in ttfs if t is not None]
     gaps = [b - a for j in jobs for a, b in zip(j["commits"], j["commits"][1:])]
     train = [s for j in jobs for s in j["train_s"]]
     commits = [t for j in jobs for t in j["commits"]]
     steps = len(commits)
-    window = max(commits) - first_arrival if commits else None
+    # A commit means a job was created, so first_arrival is set.
+    window = (
+        max(commits) - first_arrival if commits and first_arrival is not None else None
+    )
     step_s = statistics.fmean(train) if train else None
     ttfs_p95 = percentile(known, 95)
     tpts_p50 = percentile(gaps, 50)
@@ -169,14 +174,15 @@ class ServiceProcess:
                 start_new_session=True,
             )
         deadline = time.monotonic() + timeout
+        assert self.proc is not None  # started above
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the service exited:\n{self.tail()}")
             try:
                 url = f"http://127.0.0.1:{self.port}/health"
-                if requests.get(url, timeout=2).ok:
+                if httpx.get(url, timeout=2).is_success:
                     return
-            except requests.RequestException:
+            except httpx.HTTPError:
                 pass
             time.sleep(1)
         raise TimeoutError(f"the service did not come up:\n{self.tail()}")
@@ -185,12 +191,14 @@ class ServiceProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def kill9(self) -> None:
+        assert self.proc is not None  # started
         stop_group(self.proc, graceful=False)
 
     def stop(self) -> None:
         """SIGTERM to the service alone (it stops its trainer and server), then
         SIGKILL to its whole group after 300 s."""
         if self.alive():
+            assert self.proc is not None  # alive() checked it
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(300)

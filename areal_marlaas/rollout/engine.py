@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
-import requests
+import httpx
 from areal.api.cli_args import InferenceEngineConfig
 from areal.api.io_struct import (
     HttpGenerationResult,
@@ -127,6 +127,8 @@ class _KeepFailure(RolloutWorkflow):
 
 
 class MultiLoRARemoteInfEngine(RemoteInfEngine):
+    backend: MultiLoRAVLLMBackend  # AReaL's Protocol lacks the LoRA requests
+
     def __init__(self, config: InferenceEngineConfig, backend: MultiLoRAVLLMBackend):
         if not config.use_lora:
             raise ValueError("rollout.use_lora must be true for multi-LoRA rollout.")
@@ -134,7 +136,7 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         self.adapters = AdapterRegistry()
         self.seeds = RequestSeeds()
         self._retire_pool = ThreadPoolExecutor(4, thread_name_prefix="marlaas-retire")
-        self._http = requests.Session()
+        self._http = httpx.Client()  # thread-safe: retires run on a pool
         self._adapter_lock = threading.Lock()
         self._episodes: dict[int, _KeepFailure] = {}
         self._episodes_lock = threading.Lock()
@@ -220,13 +222,13 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
                 _PINNED_VERSION.reset(token)
 
     # -- adapters ---------------------------------------------------------------
-    def _post(self, addr: str, req: HttpRequest) -> requests.Response:
+    def _post(self, addr: str, req: HttpRequest) -> httpx.Response:
         url = f"http://{addr}{req.endpoint}"
         try:
             return self._http.post(
                 url, json=req.payload, timeout=self.config.request_timeout
             )
-        except requests.RequestException as e:
+        except httpx.HTTPError as e:
             raise AdapterError(f"{url}: {e}") from e
 
     def _served_path(self, addr: str, name: str) -> str | None:
@@ -253,7 +255,7 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         load = self.backend.build_lora_load_request(name, path)
         for addr in self.addresses:
             resp = self._post(addr, load)
-            if resp.ok:
+            if resp.is_success:
                 continue
             if "already been loaded" not in resp.text:
                 raise AdapterError(
@@ -264,7 +266,7 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
             logger.warning(f"{addr}: {name} was served from another folder; replacing")
             self._post(addr, self.backend.build_lora_unload_request(name))
             resp = self._post(addr, load)
-            if not resp.ok:
+            if not resp.is_success:
                 raise AdapterError(
                     f"{addr} load {name}: HTTP {resp.status_code} {resp.text}"
                 )
@@ -274,7 +276,7 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         unload = self.backend.build_lora_unload_request(name)
         for addr in self.addresses:
             resp = self._post(addr, unload)
-            if not resp.ok and resp.status_code != 404:
+            if not resp.is_success and resp.status_code != 404:
                 raise AdapterError(
                     f"{addr} unload {name}: HTTP {resp.status_code} {resp.text}"
                 )
@@ -335,7 +337,8 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         As in AReaL, the trainer announces a finished save through name_resolve;
         the new adapter is published once that key appears.
         """
-        if not meta.use_lora or meta.version is None:
+        version = meta.version
+        if not meta.use_lora or version is None:
             raise ValueError("multi-LoRA engines only take versioned LoRA disk updates")
         key = names.update_weights_from_disk(
             self.config.experiment_name, self.config.trial_name, self.get_version()
@@ -343,7 +346,8 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
 
         def load() -> None:
             name_resolve.wait(key, timeout=self.config.request_timeout)
-            self.publish(meta.lora_name, meta.version, meta.path)
+            assert meta.path is not None  # a disk update names its folder
+            self.publish(meta.lora_name, version, meta.path)
 
         return self._retire_pool.submit(load)
 
@@ -416,7 +420,12 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
             self.submit(row, workflow, workflow_kwargs, group_size=group_size)
             for row in rows
         ]
-        return [self.wait_for_task(i, timeout=timeout) for i in ids]
+        out = []
+        for i in ids:
+            traj = self.wait_for_task(i, timeout=timeout)
+            assert traj is not None  # raise_timeout: a timeout raises instead
+            out.append(traj)
+        return out
 
     def destroy(self) -> None:
         self._retire_pool.shutdown(wait=False, cancel_futures=True)

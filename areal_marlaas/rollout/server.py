@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-import requests
+import httpx
 from areal.api.cli_args import get_py_cmd, vLLMConfig
 from areal.utils import logging
 from areal.utils.network import gethostip
@@ -162,8 +162,8 @@ def spawn(
 
 def is_healthy(address: str, timeout: float = 5.0) -> bool:
     try:
-        return requests.get(f"http://{address}/health", timeout=timeout).ok
-    except requests.RequestException:
+        return httpx.get(f"http://{address}/health", timeout=timeout).is_success
+    except httpx.HTTPError:
         return False
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import requests
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -54,6 +54,6 @@ def capacity_tokens(m: ServerMetrics) -> int | None:
 
 
 def scrape(address: str, timeout: float = 5.0) -> ServerMetrics:
-    resp = requests.get(f"http://{address}/metrics", timeout=timeout)
+    resp = httpx.get(f"http://{address}/metrics", timeout=timeout)
     resp.raise_for_status()
     return parse_metrics(resp.text)

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
-import requests
+import httpx
 from areal.utils import logging
 
 from areal_marlaas.service.store import JobStore
@@ -155,15 +155,15 @@ class VLLMModelRouter:
                     if name in self._loaded:
                         continue  # asked for again and reloaded meanwhile
                 try:
-                    resp = requests.post(
+                    resp = httpx.post(
                         f"{self.server}/v1/unload_lora_adapter",
                         json={"lora_name": name},
                         timeout=self.timeout,
                     )
-                except requests.RequestException as e:
+                except httpx.HTTPError as e:
                     logger.warning(f"unload {name}: {e}")
                     continue
-                if not resp.ok and resp.status_code != 404:
+                if not resp.is_success and resp.status_code != 404:
                     logger.warning(
                         f"unload {name}: HTTP {resp.status_code} {resp.text}"
                     )
@@ -174,15 +174,15 @@ class VLLMModelRouter:
         if not (path / "adapter_config.json").is_file():
             raise UpstreamError(f"checkpoint adapter {path} is missing")
         try:
-            resp = requests.post(
+            resp = httpx.post(
                 f"{self.server}/v1/load_lora_adapter",
                 json={"lora_name": name, "lora_path": str(path)},
                 timeout=self.timeout,
             )
-        except requests.RequestException as e:
+        except httpx.HTTPError as e:
             raise UpstreamError(f"load {name}: {e}") from e
         # Names are unique per checkpoint: one already loaded (a restarted API on
         # a running server) holds the same weights.
-        if not resp.ok and "already been loaded" not in resp.text:
+        if not resp.is_success and "already been loaded" not in resp.text:
             raise UpstreamError(f"load {name}: HTTP {resp.status_code} {resp.text}")
         logger.info(f"Inference adapter {name} loaded from {path}")
