@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from areal_marlaas.adapters import adapter_name
+from areal_marlaas.train.host import EngineHost
 from areal_marlaas.trajectory import generated_versions, served_adapters
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def _gap_stats(diffs: list[torch.Tensor]) -> dict[str, Any]:
     }
 
 
-class FusedAudit:
+class FusedAudit(EngineHost):
     """Mixin for AReaL's FSDP PPO actor (before it in the MRO): the audited
     GRPO update (``_audited_update``)."""
 
@@ -140,6 +141,7 @@ class FusedAudit:
             return _gap_stats(gaps)
         audited = data if recompute else data[: slot.meta["audit_trajectories"]]
         logps = self.compute_logp(audited) if audited else []
+        assert logps is not None  # the FSDP actor returns them on every rank
         if recompute:
             # actor.recompute_logprob: the old logprobs come from this
             # engine, not from the server (PPOTrainer does the same).
@@ -154,13 +156,15 @@ class FusedAudit:
         if self._fused_audit is not None:
             gaps, inner = self._fused_audit[0], loss_fn
 
-            def loss_fn(logprobs, entropy, input_data, **kwargs):
+            def audited_loss(logprobs, entropy, input_data, **kwargs):
                 # compute_advantages aligned the server's logprobs with ours
                 # (both at the position that predicts the token).
                 mask = input_data["loss_mask"].bool()
                 mine = logprobs.detach().float()[mask]
                 gaps.append((input_data["logprobs"].float()[mask] - mine).abs())
                 return inner(logprobs, entropy, input_data, **kwargs)
+
+            loss_fn = audited_loss
 
         return super().train_batch(input_, loss_fn, loss_weight_fn)
 

@@ -161,6 +161,7 @@ class MultiLoRAFSDPPPOActor(
                 f"task {name!r} v{slot.version}: non-finite {bad}; its LoRA weights "
                 "and optimizer state were restored and the step was not applied"
             )
+        assert self.lr_scheduler is not None  # switch_task set the task's
         self.lr_scheduler.step()
         slot.version += 1
         self._version = slot.version

@@ -11,8 +11,10 @@ from __future__ import annotations
 import torch
 from areal.utils.functional import gather_logprobs_entropy
 
+from areal_marlaas.train.host import EngineHost
 
-class LMHeadRows:
+
+class LMHeadRows(EngineHost):
     """A training forward computes the LM head only where the loss reads it.
 
     The GRPO loss reads the logprob of every generated token, i.e. the logits
@@ -41,7 +43,8 @@ class LMHeadRows:
         self._lm_rows: torch.Tensor | None = None
         self._length = 0  # the micro-batch's tokens, while _lm_rows is set
         self._in_train_batch = False
-        head = self.model.get_output_embeddings()
+        # An HF model: nn.Module's stub types its methods as Tensor | Module.
+        head = self.model.get_output_embeddings()  # pyright: ignore[reportCallIssue]
         full = head.forward
 
         def forward(hidden: torch.Tensor) -> torch.Tensor:
@@ -76,8 +79,10 @@ class LMHeadRows:
 
     def _spread(self, values: torch.Tensor, length: int, fill=0.0) -> torch.Tensor:
         """Per-row values of the computed rows, back at their positions."""
+        rows = self._lm_rows
+        assert rows is not None  # callers without rows return before this
         out = values.new_full((length,), fill)
-        return out.index_copy(0, self._lm_rows, values)
+        return out.index_copy(0, rows, values)
 
     def _compute_logprobs_entropy(self, logits, inputs, ulysses_pad_size=0):
         rows = self._lm_rows

@@ -22,7 +22,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from areal.api.cli_args import NormConfig, OptimizerConfig
@@ -35,6 +35,11 @@ from transformers import (
     get_constant_schedule_with_warmup,
     get_linear_schedule_with_warmup,
 )
+
+from areal_marlaas.train.host import EngineHost
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 logger = logging.getLogger("MARLaaSTrainEngine")
 
@@ -104,15 +109,16 @@ def _sort_target_modules(config: Path) -> None:
         config.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
+# A DTensor under FSDP2; torch's stubs type parameters as plain Tensors.
 def _local(p: torch.Tensor) -> torch.Tensor:
-    return p.to_local() if hasattr(p, "to_local") else p
+    return p.to_local() if hasattr(p, "to_local") else p  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _full(p: torch.Tensor) -> torch.Tensor:
-    return p.full_tensor() if hasattr(p, "full_tensor") else p
+    return p.full_tensor() if hasattr(p, "full_tensor") else p  # pyright: ignore[reportAttributeAccessIssue]
 
 
-class MultiLoRASlots:
+class MultiLoRASlots(EngineHost):
     """Mixin for AReaL's FSDP engine (before it in the MRO): the tasks' slots.
 
     The engine sets ``slots``, ``active`` and ``_lora`` (the model's trainable
@@ -124,7 +130,8 @@ class MultiLoRASlots:
 
     def _create_optimizer(self, ft_spec: FinetuneSpec) -> None:
         # Optimizers are per task (add_task); none covers the whole model.
-        self.optimizer = None
+        # AReaL's attribute is never None; this engine's steps use the task's.
+        self.optimizer = None  # pyright: ignore[reportAttributeAccessIssue]
         self.lr_scheduler = None
 
     # -- tasks ------------------------------------------------------------------
@@ -231,7 +238,9 @@ class MultiLoRASlots:
 
             return (
                 distribute_tensor(
-                    full.to(_local(p).device), p.device_mesh, p.placements
+                    full.to(_local(p).device),
+                    p.device_mesh,  # pyright: ignore[reportAttributeAccessIssue]  # a DTensor
+                    p.placements,  # pyright: ignore[reportAttributeAccessIssue]
                 )
                 .to_local()
                 .clone()
@@ -322,7 +331,7 @@ class MultiLoRASlots:
         tmp.mkdir(parents=True)
         state = self.adapter_state(name)
         save_file(state, tmp / "adapter_model.safetensors")
-        peft_cfg = self.model.peft_config["default"]
+        peft_cfg = cast("PeftModel", self.model).peft_config["default"]  # use_lora
         peft_cfg.base_model_name_or_path = self.config.path
         peft_cfg.save_pretrained(str(tmp))
         _sort_target_modules(tmp / "adapter_config.json")

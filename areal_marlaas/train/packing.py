@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from areal_marlaas.train.attention import PACKED
+from areal_marlaas.train.host import EngineHost
 
 # Attention implementations that take packed sequences through cu_seqlens; the rest
 # (sdpa, eager) need a real mask, which transformers builds from position_ids.
@@ -59,7 +60,7 @@ def _strip_padding(mb: dict[str, Any], pad: int) -> dict[str, Any]:
     return out
 
 
-class PackedAttentionMaskFix:
+class PackedAttentionMaskFix(EngineHost):
     """Mixin for AReaL's FSDP engine (before it in the MRO): packed micro-batches
     that sdpa/eager attention read correctly.
 
@@ -73,7 +74,8 @@ class PackedAttentionMaskFix:
 
     def _use_packed_attention(self) -> None:
         if self._packed():
-            self.model.config._attn_implementation = PACKED
+            # An HF model: nn.Module's stub types its attributes as Tensor | Module.
+            self.model.config._attn_implementation = PACKED  # pyright: ignore[reportAttributeAccessIssue, reportArgumentType]
 
     def _prepare_mb_list(self, input_: dict[str, Any]):
         mb_list = super()._prepare_mb_list(input_)
@@ -84,6 +86,7 @@ class PackedAttentionMaskFix:
         if self._packed() and mb_list.padded_mbs is not None:
             # AReaL pads each micro-batch to a multiple of 256 tokens (a GPU page):
             # on a CPU that is only extra work (582 tokens -> 768).
+            assert mb_list.padding_lengths is not None  # set with padded_mbs
             mb_list.padded_mbs = [
                 _strip_padding(mb, pad)
                 for mb, pad in zip(mb_list.padded_mbs, mb_list.padding_lengths)
