@@ -20,6 +20,7 @@ from areal_marlaas.config import ConfigError, MARLaaSConfig, TaskSpec
 from areal_marlaas.scheduler.core import (
     AdmissionError,
     HoldRollout,
+    Mode,
     SchedulerCore,
     StartRollout,
     Submitted,
@@ -85,7 +86,9 @@ def admission_plan(cfg: MARLaaSConfig, reports: list[TaskReport]) -> AdmissionPl
     pure core decides it for this config."""
     budget = admission.budget(cfg, admission.configured_capacity(cfg))
     core = SchedulerCore(
-        mode=cfg.scheduler.mode, kv_budget=budget, max_rolling=cfg.scheduler.max_rolling
+        mode=Mode(cfg.scheduler.mode),
+        kv_budget=budget,
+        max_rolling=cfg.scheduler.max_rolling,
     )
     plan = AdmissionPlan(budget, [], {})
     for i, (task, r) in enumerate(zip(cfg.tasks, reports)):

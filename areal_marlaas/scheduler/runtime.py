@@ -37,6 +37,7 @@ from areal_marlaas.scheduler.core import (
     FinishTask,
     HoldRollout,
     KVUsage,
+    Mode,
     Pause,
     Phase,
     PublishDone,
@@ -50,6 +51,7 @@ from areal_marlaas.scheduler.core import (
     TaskError,
     TaskPaused,
     TrainDone,
+    TrainOrder,
 )
 from areal_marlaas.tasks.prompt_order import TaskData
 
@@ -88,11 +90,11 @@ class TaskRun:
 class RuntimeOptions:
     """How the runtime schedules: the mode, admission and retries."""
 
-    mode: str = "async"
+    mode: Mode = Mode.ASYNC
     kv_budget: int | None = None  # bytes; None = unlimited
     max_rolling: int | None = None
     task_retries: int = 0
-    train_order: str = "fifo"
+    train_order: TrainOrder = TrainOrder.FIFO
     rollout_timeout: float | None = None
     # Returns the server's KV bytes in use, or None when it cannot be read;
     # polled every kv_poll_interval_s while no other event arrives.
@@ -461,6 +463,7 @@ class Runtime:
     def _train_step(self, a: StartTrain, t: TaskRun, start: float) -> TrainDone:
         self.store.event(a.task, a.version, "queue", t.rollout_end, start)
         batch, t.batch = t.batch, None
+        assert batch is not None  # the rollout left it
         rewards = trajectory.rewards(batch)
         staleness = trajectory.staleness(batch, a.version)
         result = self.trainer.train_task(a.task, batch)

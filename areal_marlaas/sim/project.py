@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from areal_marlaas.scheduler.core import MODES
+from areal_marlaas.scheduler.core import MODES, Mode
 from areal_marlaas.sim.fit_input import load_fit_input, ok_runs, raw_run
 from areal_marlaas.sim.latency import LatencyModels, RunLog, fit_models
 from areal_marlaas.sim.simulator import SimTask, simulate
@@ -150,7 +150,7 @@ def validate(
         if m is None or _elastic(r):
             continue
         tasks = sim_tasks(r, profile)
-        sim = simulate(tasks, m, r["mode"], max_rolling=_max_rolling(r))
+        sim = simulate(tasks, m, Mode(r["mode"]), max_rolling=_max_rolling(r))
         measured = r["metrics"]["wall_s"]
         sm = sim.metrics()
         rows.append(
@@ -229,7 +229,7 @@ def project(
                 sim = simulate(
                     tasks,
                     m,
-                    mode,
+                    Mode(mode),
                     rollout_devices=rollout_devices,
                     trainers=train_devices,
                     kv_budget=budget,

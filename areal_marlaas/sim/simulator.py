@@ -23,6 +23,7 @@ from areal_marlaas.bench.run_metrics import run_metrics
 from areal_marlaas.scheduler.core import (
     FinishTask,
     HoldRollout,
+    Mode,
     PublishDone,
     RolloutDone,
     SchedulerCore,
@@ -31,6 +32,7 @@ from areal_marlaas.scheduler.core import (
     StartTrain,
     Submitted,
     TrainDone,
+    TrainOrder,
 )
 from areal_marlaas.sim.latency import LatencyModels
 
@@ -113,13 +115,13 @@ class SimResult:
 def simulate(
     tasks: list[SimTask],
     models: LatencyModels,
-    mode: str = "async",
+    mode: Mode = Mode.ASYNC,
     rollout_devices: int = 1,
     trainers: int = 1,
     kv_budget: int | None = None,
     max_rolling: int | None = None,
     record: bool = True,
-    train_order: str = "fifo",
+    train_order: TrainOrder = TrainOrder.FIFO,
 ) -> SimResult:
     """Run ``tasks`` to completion under ``mode``; times start at 0."""
     core = SchedulerCore(

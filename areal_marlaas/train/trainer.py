@@ -25,6 +25,7 @@ from areal_marlaas.config import MARLaaSConfig, TaskSpec
 from areal_marlaas.placement import parse_cpus, pin_current_process
 from areal_marlaas.rollout.session import RolloutSession
 from areal_marlaas.rundir.writer import RunStore
+from areal_marlaas.scheduler.core import Mode, TrainOrder
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions, TaskRun
 from areal_marlaas.tasks import load_task_rows
 from areal_marlaas.tasks.prompt_order import TaskData
@@ -270,6 +271,7 @@ class MultiTaskTrainer:
     def _options(self) -> RuntimeOptions:
         """The mode, KV-aware admission and retries, for the runtime."""
         cfg, sched = self.cfg, self.cfg.scheduler
+        assert self.session is not None  # called once the server started
         address = self.session.addresses[0] if self.session.addresses else None
         capacity = admission.capacity(cfg, self.kv, address)
         budget = admission.budget(cfg, capacity)
@@ -282,11 +284,11 @@ class MultiTaskTrainer:
             f"max_rolling={sched.max_rolling} live={probe is not None}"
         )
         return RuntimeOptions(
-            mode=sched.mode,
+            mode=Mode(sched.mode),
             kv_budget=budget,
             max_rolling=sched.max_rolling,
             task_retries=sched.task_retries,
-            train_order=sched.train_order,
+            train_order=TrainOrder(sched.train_order),
             rollout_timeout=cfg.rollout.request_timeout,
             kv_probe=probe,
             kv_poll_interval_s=sched.kv_poll_interval_s,
