@@ -14,9 +14,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from areal_marlaas.scheduler.backends import TrainBackend
 
 
 def _set_process_affinity(cpus: set[int]) -> None:
@@ -134,14 +137,40 @@ class ElasticTrainBackend:
     """The engine with elastic cores around each step; adds what the step used
     to its result (the runtime writes it to steps.jsonl)."""
 
-    def __init__(self, engine, cores: ElasticCores):
+    def __init__(self, engine: TrainBackend, cores: ElasticCores):
         self._engine = engine
         self.cores = cores
 
-    def train_task(self, name: str, batch: list[dict[str, Any]]) -> dict[str, Any]:
+    # The rest of the runtime's TrainBackend, forwarded to the engine.
+    @property
+    def count(self) -> int:
+        return self._engine.count
+
+    def place(self, task: str) -> int:
+        return self._engine.place(task)
+
+    def unplace(self, task: str) -> None:
+        self._engine.unplace(task)
+
+    def trainer_of(self, task: str) -> int | None:
+        return self._engine.trainer_of(task)
+
+    def release_batch(self, batch: list[dict[str, Any]]) -> None:
+        self._engine.release_batch(batch)
+
+    def save_adapter(self, task: str, path: str) -> Any:
+        return self._engine.save_adapter(task, path)
+
+    def save_task_state(self, task: str, path: str) -> Any:
+        return self._engine.save_task_state(task, path)
+
+    def remove_task(self, task: str) -> None:
+        self._engine.remove_task(task)
+
+    def train_task(self, task: str, batch: list[dict[str, Any]]) -> dict[str, Any]:
         self.cores.step_begin()
         try:
-            result = self._engine.train_task(name, batch)
+            result = self._engine.train_task(task, batch)
         finally:
             used = self.cores.step_end()
         return {**result, "placement": used}
