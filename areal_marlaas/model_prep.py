@@ -15,6 +15,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from areal.utils import logging
 
@@ -115,14 +116,15 @@ def prepare_default_model(out: Path | None = None, force: bool = False) -> Path:
             gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.bfloat16
         )
     # save_pretrained refuses a model that still looks GGUF-quantized.
-    model.hf_quantizer = None
+    # transformers' stubs type these attributes narrower than they are.
+    model.hf_quantizer = None  # pyright: ignore[reportArgumentType]
     if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+        del model.config.quantization_config  # pyright: ignore[reportAttributeAccessIssue]
     model.config.architectures = ["LlamaForCausalLM"]
     model.config.dtype = "bfloat16"
     tmp_out = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp_out, ignore_errors=True)
-    model.to(torch.bfloat16).save_pretrained(tmp_out, safe_serialization=True)
+    model.to(torch.bfloat16).save_pretrained(tmp_out, safe_serialization=True)  # pyright: ignore[reportArgumentType]
     tokenizer.save_pretrained(tmp_out)
     (tmp_out / READY_MARKER).write_text(json.dumps({"source": SMOLLM2_PACKAGE}))
     shutil.rmtree(out, ignore_errors=True)
@@ -181,7 +183,7 @@ def make_tiny_model(out: Path, arch: str = "llama", seed: int = 0) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _tiny_tokenizer(out)
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=128,
         hidden_size=128,
         intermediate_size=256,

@@ -75,7 +75,8 @@ def main(argv: list[str]) -> None:
     # and this file runs as __main__.
     from areal_marlaas.bench import areal_replica
 
-    areal.engine.FSDPPPOActor = OnPolicyFSDPPPOActor
+    # areal.engine exports its classes lazily (a module __getattr__).
+    areal.engine.FSDPPPOActor = OnPolicyFSDPPPOActor  # pyright: ignore[reportAttributeAccessIssue]
     rl_trainer.RemotevLLMEngine = areal_replica.ReplicaEngine
     config, _ = load_expr_config(argv, GRPOConfig)
     if not config.actor.path:

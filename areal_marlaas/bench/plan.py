@@ -64,6 +64,7 @@ def plan_runs(bench: BenchConfig, cfg: MARLaaSConfig) -> list[RunPlan]:
     for mode in bench.modes:
         placement = "collocated" if mode == "collocated" else "disaggregated"
         for sched in bench.schedulers:
+            assert sched is not None  # BenchConfig turns null into "null"
             label = mode if sched == "null" else f"{mode}@{sched}"
             plans.append(
                 RunPlan(label, mode, placement, tasks, "mode", scheduler=sched)

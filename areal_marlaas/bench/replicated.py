@@ -101,6 +101,7 @@ def execute_replicated(
     }
     projected = projected_gib(previous, plan.tenants)
     if projected is not None and projected > limit_gib:
+        assert previous is not None  # projected from it
         result.update(
             status="does_not_fit",
             error=f"projected {projected:.1f} GiB > {limit_gib:.1f} GiB "

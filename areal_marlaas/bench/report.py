@@ -5,6 +5,7 @@ simulator's fit input, and each run's logs with times relative to its start
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,16 +137,16 @@ def _value(r: dict[str, Any], key: str) -> float | None:
     return (r.get("metrics") or {}).get(key)
 
 
-def mean_sd(xs: list[float]) -> tuple[float | None, float | None]:
+def mean_sd(xs: Sequence[float | None]) -> tuple[float | None, float | None]:
     import statistics
 
-    xs = [x for x in xs if x is not None]
-    if not xs:
+    known = [x for x in xs if x is not None]
+    if not known:
         return None, None
-    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else None
+    return statistics.fmean(known), statistics.stdev(known) if len(known) > 1 else None
 
 
-def _ms(xs: list[float], digits: int, pct: bool) -> str:
+def _ms(xs: Sequence[float | None], digits: int, pct: bool) -> str:
     mean, sd = mean_sd(xs)
     if mean is None:
         return "-"

@@ -116,6 +116,7 @@ def rollout_once(cfg: MARLaaSConfig) -> dict:
     adapters = make_v0_adapters(cfg, root)
     with RolloutSession(cfg, root) as session:
         engine = session.engine
+        assert engine is not None  # started on entering
         for name, path in adapters.items():
             engine.register_task(name, 0, path)
         jobs = [(t, sample_rows(t, load_task_rows(t), t.batch_size)) for t in cfg.tasks]
@@ -142,6 +143,7 @@ def bench_rollout(cfg: MARLaaSConfig, max_new_tokens: int, repeats: int) -> dict
     rows = {t.name: load_task_rows(t) for t in tasks}
     with RolloutSession(cfg, root) as session:
         engine = session.engine
+        assert engine is not None  # started on entering
         for name, path in adapters.items():
             engine.register_task(name, 0, path)
         modes: dict[str, list[dict]] = {"mixed": [], "single": []}

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 from areal.utils import logging
-from omegaconf import OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from areal_marlaas.admission import KVModel
 from areal_marlaas.bench.machine import describe, machine
@@ -320,6 +320,7 @@ class Bench:
         self.out.mkdir(parents=True, exist_ok=True)
         # Each run gets its tasks as its own --tasks file.
         base = OmegaConf.load(self.base_yaml)
+        assert isinstance(base, DictConfig)  # a config YAML is a mapping
         with open_dict(base):
             base.pop("tasks", None)
             base.pop("tasks_file", None)

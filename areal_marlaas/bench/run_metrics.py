@@ -44,7 +44,8 @@ def window(events: list[dict[str, Any]]) -> tuple[float, float] | None:
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:
-    total, cur_s, cur_e = 0.0, None, None
+    total, cur_s = 0.0, 0.0
+    cur_e: float | None = None  # None until the first interval
     for s, e in sorted(intervals):
         if cur_e is None or s > cur_e:
             if cur_e is not None:

@@ -120,7 +120,9 @@ def measure(opts: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(opts["threads"])
     engine = _engine(opts["model"])
-    vocab = engine.model.config.vocab_size
+    # An HF model: nn.Module's stub types its attributes as Tensor | Module.
+    model_config: Any = engine.model.config
+    vocab: int = model_config.vocab_size
     engine.add_task(
         "t", lr=1e-4, total_steps=1000, n_samples=opts["group_size"], seed=0
     )

@@ -78,7 +78,8 @@ def config_argv(args: argparse.Namespace) -> list[str]:
 def fail(args: argparse.Namespace, message: str) -> NoReturn:
     """A usage error of the running command: its usage and the message on
     stderr, exit code 2."""
-    args.command_parser.error(message)
+    parser: argparse.ArgumentParser = args.command_parser
+    parser.error(message)
 
 
 class CommandOrOverrides(argparse._SubParsersAction):
@@ -92,9 +93,10 @@ class CommandOrOverrides(argparse._SubParsersAction):
         super().__init__(*args, **kwargs)
         # argparse would refuse an override as an invalid choice before
         # __call__; the choices are checked there instead.
-        self.choices = None
+        self.choices = None  # pyright: ignore[reportAttributeAccessIssue]
 
     def __call__(self, parser, namespace, values, option_string=None):
+        assert isinstance(values, list)  # nargs=PARSER: the rest of the line
         if values[0] in self._name_parser_map:
             return super().__call__(parser, namespace, values, option_string)
         namespace.overrides = [*getattr(namespace, "overrides", []), values[0]]

@@ -53,6 +53,7 @@ class MARLaaSSlurmScheduler(SlurmScheduler):
                     f"export {k}={shlex.quote(str(v))}"
                     for k, v in spec.env_vars.items()
                 ]
+                assert spec.additional_bash_cmds is not None  # a list in the copies
                 spec.additional_bash_cmds = exports + spec.additional_bash_cmds
         return specs
 

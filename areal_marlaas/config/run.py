@@ -36,9 +36,13 @@ from areal_marlaas.paths import default_model_path
 
 # Nested AReaL configs take the run names from the top level unless a YAML says
 # otherwise.
-_RUN = {"experiment_name": "${experiment_name}", "trial_name": "${trial_name}"}
-_RUN_ROOT = {**_RUN, "fileroot": "${cluster.fileroot}"}
-_ACTOR_DEFAULTS = dict(
+# Any: each is splatted into an AReaL config whose fields differ in type.
+_RUN: dict[str, Any] = {
+    "experiment_name": "${experiment_name}",
+    "trial_name": "${trial_name}",
+}
+_RUN_ROOT: dict[str, Any] = {**_RUN, "fileroot": "${cluster.fileroot}"}
+_ACTOR_DEFAULTS: dict[str, Any] = dict(
     **_RUN,
     path="",
     backend="fsdp:d1",
@@ -55,7 +59,7 @@ _ACTOR_DEFAULTS = dict(
     # Per-task lr comes from tasks[i].lr; the rest of AdamW's settings from here.
     optimizer=OptimizerConfig(lr=1e-4, weight_decay=0.0, gradient_clipping=1.0),
 )
-_ROLLOUT_DEFAULTS = dict(
+_ROLLOUT_DEFAULTS: dict[str, Any] = dict(
     **_RUN,
     backend="vllm:d1",
     use_lora=True,
@@ -144,7 +148,8 @@ class MARLaaSConfig(GRPOConfig):
         default_factory=RolloutServerConfig,
         metadata={"help": "The shared multi-LoRA vLLM server (launch or attach)."},
     )
-    vllm: MultiLoRAvLLMConfig = field(
+    # Narrows AReaL's field to a subclass; nothing assigns the base type to it.
+    vllm: MultiLoRAvLLMConfig = field(  # pyright: ignore[reportIncompatibleVariableOverride]
         default_factory=MultiLoRAvLLMConfig,
         metadata={"help": "The server's vLLM flags (AReaL's vLLMConfig + LoRA)."},
     )
@@ -226,7 +231,8 @@ class MARLaaSConfig(GRPOConfig):
         default_factory=lambda: RecoverConfig(**_RUN_ROOT),
         metadata={"help": "Refused (mode must stay disabled): use --resume."},
     )
-    scheduler: MARLaaSSchedulerConfig = field(
+    # Narrows AReaL's field to a subclass; nothing assigns the base type to it.
+    scheduler: MARLaaSSchedulerConfig = field(  # pyright: ignore[reportIncompatibleVariableOverride]
         default_factory=lambda: MARLaaSSchedulerConfig(type="local"),
         metadata={
             "help": "AReaL's scheduler (type local|ray|slurm|null) and "

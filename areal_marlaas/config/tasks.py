@@ -465,6 +465,7 @@ class TaskSpec:
 
         if self.reward_fn:
             raise ConfigError(f"{where}: set grader or reward_fn, not both.")
+        assert self.grader is not None  # checked by the caller
         try:
             parse_grader(dict(self.grader), param="grader")
         except GraderError as e:

@@ -139,6 +139,7 @@ class _Parser:
                     + " ".join(sorted(FUNCS))
                 )
             kind = m.lastgroup
+            assert kind is not None  # every alternative of _TOKEN is named
             tokens.append((kind, m.group(kind), m.start(kind)))
             pos = m.end()
         return tokens

@@ -117,6 +117,7 @@ async def score_model(
         {**m, "role": "system" if m["role"] == "developer" else m["role"]}
         for m in messages
     ]
+    assert ctx.judge_base_url  # the grader runner checks it first
     url = ctx.judge_base_url.rstrip("/") + "/chat/completions"
     try:
         resp = await _post(
@@ -172,6 +173,7 @@ async def embed(
     texts: list[str], ctx: GradingContext, client: httpx.AsyncClient
 ) -> list[list[float]]:
     """Embeddings of ``texts`` from the configured endpoint (raises on failure)."""
+    assert ctx.embedding_base_url  # the grader runner checks it first
     url = ctx.embedding_base_url.rstrip("/") + "/embeddings"
     body = {"model": ctx.embedding_model, "input": texts}
     resp = await _post(

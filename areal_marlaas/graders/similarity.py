@@ -70,8 +70,9 @@ def bleu(input: str, reference: str) -> float:
     hyp, ref = tokenize(input), tokenize(reference)
     if not hyp or not ref:
         return 0.0
+    # nltk's stubs type the score as a union with its list inputs.
     return float(
-        sentence_bleu([ref], hyp, smoothing_function=SmoothingFunction().method1)
+        sentence_bleu([ref], hyp, smoothing_function=SmoothingFunction().method1)  # pyright: ignore[reportArgumentType]
     )
 
 

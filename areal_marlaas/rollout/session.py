@@ -29,7 +29,7 @@ class RolloutSession:
         self.run_dir = Path(run_dir)
         self.server: VLLMServer | None = None  # launched here (server.launch=driver)
         self.worker_servers: WorkerServers | None = None  # server.launch=workers
-        self.engine: MultiLoRAvLLMEngine | None = None
+        self.engine: MultiLoRAvLLMEngine | MultiTaskRolloutController | None = None
         self.server_start_s: float | None = None
         self.supervisor: ServerSupervisor | None = None
         self.addresses: list[str] = []
@@ -51,8 +51,8 @@ class RolloutSession:
         engine_cfg: InferenceEngineConfig = cfg.rollout
         t0 = time.monotonic()
         if scheduler is None:
-            self.engine = MultiLoRAvLLMEngine(engine_cfg, server=cfg.server)
-            self.engine.initialize(addr=addresses, train_data_parallel_size=1)
+            self.engine = engine = MultiLoRAvLLMEngine(engine_cfg, server=cfg.server)
+            engine.initialize(addr=addresses, train_data_parallel_size=1)
         else:
             infos = []
             for addr in addresses:
@@ -63,12 +63,14 @@ class RolloutSession:
             engine_cfg = dataclasses.replace(
                 engine_cfg, backend=f"vllm:d{len(addresses)}"
             )
-            self.engine = MultiLoRAvLLMEngine.as_controller(engine_cfg, scheduler)
-            self.engine.initialize(role="rollout", server_infos=infos)
+            self.engine = engine = MultiLoRAvLLMEngine.as_controller(
+                engine_cfg, scheduler
+            )
+            engine.initialize(role="rollout", server_infos=infos)
         logger.info(f"rollout connected to {addresses} in {time.monotonic() - t0:.1f}s")
         if scheduler is not None:
             self._check_reachable()
-        return self.engine
+        return engine
 
     def _start_on_workers(self, scheduler) -> MultiTaskRolloutController:
         """Each rollout worker launches its own server on its node (AReaL calls
@@ -84,17 +86,17 @@ class RolloutSession:
         }
         engine_cfg = MultiLoRAEngineConfig(**fields, server=server, vllm=cfg.vllm)
         t0 = time.monotonic()
-        self.engine = MultiLoRAvLLMEngine.as_controller(engine_cfg, scheduler)
-        self.engine.initialize(role="rollout", server_args={})
+        self.engine = engine = MultiLoRAvLLMEngine.as_controller(engine_cfg, scheduler)
+        engine.initialize(role="rollout", server_args={})
         self.server_start_s = time.monotonic() - t0
-        self.worker_servers = WorkerServers(self.engine)
+        self.worker_servers = WorkerServers(engine)
         self.addresses = self.worker_servers.addresses
         logger.info(
             f"rollout workers launched servers {self.addresses} in "
             f"{self.server_start_s:.1f}s"
         )
         self._check_reachable()
-        return self.engine
+        return engine
 
     def _check_reachable(self) -> None:
         """The driver dials every server (KV admission, the service's chat

@@ -15,11 +15,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from areal.utils import logging
 
 from areal_marlaas.config import FaultToleranceConfig
 from areal_marlaas.rollout.server import VLLMServer
+
+if TYPE_CHECKING:
+    from areal_marlaas.rollout.controller import WorkerServers
 
 logger = logging.getLogger("MARLaaSSupervisor")
 
@@ -53,7 +57,7 @@ class ServerSupervisor:
 
     def __init__(
         self,
-        server: VLLMServer,
+        server: VLLMServer | WorkerServers,
         cfg: FaultToleranceConfig,
         reload: Callable[[], int] | None = None,
         on_restart: Callable[[Restart], None] | None = None,

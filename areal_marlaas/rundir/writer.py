@@ -85,7 +85,11 @@ class RunStore:
         version (or repeating one already logged), and phase records of versions
         never committed. Returns how many lines were dropped per file.
         """
-        versions = {t: self.committed(t)["version"] for t in self.tasks()}
+        versions: dict[str, int] = {}
+        for t in self.tasks():
+            state = self.committed(t)
+            assert state is not None  # tasks() lists those with a state.json
+            versions[t] = state["version"]
         dropped = {}
         for path, keep in (
             (self.steps_path, self._keep_step(versions)),
@@ -98,10 +102,10 @@ class RunStore:
 
     @staticmethod
     def _keep_step(versions: dict[str, int]):
-        seen: set[tuple[str, int]] = set()
+        seen: set[tuple[Any, Any]] = set()  # (task, version) as logged
 
         def keep(r: dict[str, Any]) -> bool:
-            key = (r.get("task"), r.get("version"))
+            key: tuple[Any, Any] = (r.get("task"), r.get("version"))
             # Tasks with no state.json here are left alone (nothing to compare).
             newer = r.get("task") in versions and r.get("version", 0) > versions[key[0]]
             if key in seen or newer:

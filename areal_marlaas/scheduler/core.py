@@ -370,6 +370,7 @@ class SchedulerCore:
                     end = len(keys) if block_at is None else bisect_left(keys, block_at)
                     holds += [(k, turn_hold) for k in keys[:end] if k not in started]
         if blocked is not None:  # from the resource hold on: everyone waits
+            assert block_at is not None  # set with blocked
             for held, keys in table.waiting_held.items():
                 if held is not blocked:
                     holds += [(k, blocked) for k in keys[bisect_left(keys, block_at) :]]

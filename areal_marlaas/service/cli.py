@@ -86,7 +86,7 @@ def add_commands(sub: argparse._SubParsersAction, **defaults) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="marlaas service",
-        description=__doc__.split("\n\n")[0],
+        description=(__doc__ or "").split("\n\n")[0],
         parents=[_common()],
     )
     add_commands(p.add_subparsers(dest="command", required=True))

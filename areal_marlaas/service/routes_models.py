@@ -18,10 +18,15 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from areal_marlaas.service.deps import AppState, state, tenant_of
+from areal_marlaas.service.deps import state, tenant_of
 from areal_marlaas.service.errors import NO_RETRY, APIError, bad_request
 from areal_marlaas.service.objects import model_object
-from areal_marlaas.service.router import ModelNotFound, Route, UpstreamError
+from areal_marlaas.service.router import (
+    ModelNotFound,
+    ModelRouter,
+    Route,
+    UpstreamError,
+)
 from areal_marlaas.service.tables import Tenant
 from areal_marlaas.service.validation import parse_json_object
 
@@ -89,8 +94,8 @@ async def _proxy(request: Request, tenant: Tenant, endpoint: str):
         raise bad_request("model is required.", "model")
     client: httpx.AsyncClient = request.app.state.http
     for attempt in (1, 2):
-        route = await _resolve(st, tenant, model)
-        release = _Release(st, route)
+        route = await _resolve(st.router, tenant, model)
+        release = _Release(st.router, route)
         try:
             upstream = await client.send(
                 client.build_request(
@@ -115,6 +120,8 @@ async def _proxy(request: Request, tenant: Tenant, endpoint: str):
                 await release()
                 continue
         break
+    else:  # the second attempt always breaks
+        raise AssertionError("unreachable")
     if body.get("stream") is not True or upstream.status_code != 200:
         try:
             raw = await upstream.aread()
@@ -140,9 +147,9 @@ async def _proxy(request: Request, tenant: Tenant, endpoint: str):
     )
 
 
-async def _resolve(st: AppState, tenant: Tenant, model: str) -> Route:
+async def _resolve(router: ModelRouter, tenant: Tenant, model: str) -> Route:
     try:
-        return await run_in_threadpool(st.router.resolve, tenant.id, model)
+        return await run_in_threadpool(router.resolve, tenant.id, model)
     except ModelNotFound as e:
         raise _no_model(model) from e
     except UpstreamError as e:
@@ -155,13 +162,13 @@ async def _resolve(st: AppState, tenant: Tenant, model: str) -> Route:
 class _Release:
     """Release a route once (blocking router calls run off the event loop)."""
 
-    def __init__(self, st: AppState, route: Route):
-        self.st, self.route, self.done = st, route, False
+    def __init__(self, router: ModelRouter, route: Route):
+        self.router, self.route, self.done = router, route, False
 
     async def __call__(self) -> None:
         if not self.done:
             self.done = True
-            await run_in_threadpool(self.st.router.release, self.route)
+            await run_in_threadpool(self.router.release, self.route)
 
 
 def _json_reply(raw: bytes, status: int, route: Route, model: str) -> JSONResponse:

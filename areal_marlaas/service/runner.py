@@ -86,6 +86,7 @@ class ServiceRunner(MultiTaskTrainer):
     tasks coming from the job store instead of a YAML."""
 
     title = "marlaas service"
+    cfg: ServiceRunConfig
 
     def __init__(self, cfg: ServiceRunConfig, stop: threading.Event | None = None):
         svc = cfg.service
@@ -197,6 +198,7 @@ class ServiceRunner(MultiTaskTrainer):
             held = self.admitted.get(job.task_name)
         if what == "cancel":
             if held is not None:
+                assert self.runtime is not None  # it admitted the job
                 self.runtime.cancel(job.task_name)  # status set when it ends
                 return "applied"
             self.jobs.set_status(job.id, CANCELLED, "Cancelled before it started")
@@ -206,6 +208,7 @@ class ServiceRunner(MultiTaskTrainer):
                 return "ignored: already paused"
             if held is not None:
                 held.paused_by_tenant = True
+                assert self.runtime is not None  # it admitted the job
                 self.runtime.pause(job.task_name)  # paused after its step commits
                 return "applied"
             self.jobs.set_status(job.id, PAUSED, "Paused before it started")
@@ -215,6 +218,7 @@ class ServiceRunner(MultiTaskTrainer):
                 return "ignored: not paused"
             if held is not None:
                 held.paused_by_tenant = False
+                assert self.runtime is not None  # it admitted the job
                 self.runtime.resume(job.task_name)
                 status = RUNNING if held.started else QUEUED
                 self.jobs.set_status(job.id, status, "Fine-tuning job resumed")
@@ -253,6 +257,7 @@ class ServiceRunner(MultiTaskTrainer):
                 )
         spec = jobspec.task_spec(job, self.svc, self.jobs.file_of_job(job.id))
         need = self.kv.task_bytes(spec)
+        assert self.session is not None  # jobs are polled once it started
         capacity = admission.capacity(self.cfg, self.kv, self.session.addresses[0])
         budget = admission.budget(self.cfg, capacity)
         if budget is not None and need > budget:
@@ -285,6 +290,7 @@ class ServiceRunner(MultiTaskTrainer):
             self.jobs.fail_job(job.id, "setup_failed", f"{type(e).__name__}: {e}")
             return
         runtime = self.runtime
+        assert runtime is not None  # jobs are polled once it started
         grading = self.cfg.grading.to_dict()
 
         def add():  # on its trainer's thread: never beside a step there
@@ -322,6 +328,8 @@ class ServiceRunner(MultiTaskTrainer):
         logger.info(f"job {job.id} handed to the scheduler as {spec.name}")
 
     def _gauges(self) -> None:
+        # The poller calls this once both started.
+        assert self.runtime is not None and self.session is not None
         now, busy = time.monotonic(), self.runtime.train_busy_s
         t0, b0 = self._busy_mark
         if now - t0 >= 5:
@@ -375,6 +383,7 @@ class ServiceRunner(MultiTaskTrainer):
         ``succeeded``."""
         state = self.store.committed(held.task)
         try:
+            assert state is not None  # the job finished at a committed version
             folder = self.store.adapter_dir(held.task, state["version"])
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w:gz") as tar:

@@ -35,7 +35,7 @@ def format_status(store: JobStore, now: float | None = None) -> str:
     if not rows:
         return lines[0]
     header = ("tenant", "job", "status", "steps", "ttfs", "age")
-    table = [header]
+    table: list[tuple[str, ...]] = [header]
     for r in rows:
         ttfs = "-" if r["ttfs_s"] is None else f"{r['ttfs_s']:.1f}s"
         table.append(

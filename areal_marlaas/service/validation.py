@@ -112,6 +112,7 @@ def parse_job_request(
     if body.get("integrations") not in (None, []):
         raise bad_request("Integrations are not supported.", param="integrations")
     grader, hyperparameters = _method(body.get("method"), grader_validator)
+    assert isinstance(model, str)  # equals cfg.base_model
     return JobRequest(
         model=model,
         training_file=training_file,

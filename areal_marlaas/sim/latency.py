@@ -177,7 +177,11 @@ def mean_concurrency(
     its generation time (its own and those of every overlapping rollout's
     generation)."""
     env = env or {}
-    gens = [generation(r, env.get((r["task"], r.get("version")), [])) for r in rollouts]
+    # A record without a version (None in the key) finds no env segments.
+    gens = [
+        generation(r, env.get((r["task"], r.get("version")), []))  # pyright: ignore[reportCallIssue, reportArgumentType]
+        for r in rollouts
+    ]
     out = []
     for r, g in zip(rollouts, gens):
         span = _length(g)
@@ -290,6 +294,7 @@ def fit_rollout(
         k = int(sse.argmin())
         if best is None or sse[k] < best[0] - 1e-12:
             best = (float(sse[k]), beta, float(overheads[k]), logw[k], f)
+    assert best is not None  # betas is never empty
     sse, beta, o, logw, f = best
     # The shared work (per sequence at ref_max_new_tokens), for the tasks
     # without their own: the shared group's, or every rollout's when none is.
@@ -339,6 +344,7 @@ def _fit_train(
         sse = sum((d - means[t] / (1 - sh * c / (1 + c))) ** 2 for t, _, d, sh in rows)
         if best is None or sse < best[0] - 1e-12:
             best = (sse, c, means)
+    assert best is not None  # _contentions always yields c = 0
     sse, c, means = best
     s = [x for _, x, _, _ in rows]
     y = [work(d, sh, c) for _, _, d, sh in rows]

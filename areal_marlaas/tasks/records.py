@@ -43,5 +43,6 @@ def read_records(path: str, split: str, hub_config: str | None = None) -> list[d
     if is_hub_id(path):
         from datasets import load_dataset
 
-        return list(load_dataset(path, hub_config, split=split))
+        # A split's rows are dicts; datasets' stubs allow any of its types.
+        return list(load_dataset(path, hub_config, split=split))  # pyright: ignore[reportReturnType]
     raise FileNotFoundError(f"no such file or folder: {p}")

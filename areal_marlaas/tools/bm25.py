@@ -56,7 +56,10 @@ class BM25Index:
         if not toks:
             return []
         ids, scores = self.retriever.retrieve(
-            [toks], k=min(k, len(self.docs)), show_progress=False
+            # return_ids=False: the tokens are strings; bm25s types either.
+            [toks],  # pyright: ignore[reportArgumentType]
+            k=min(k, len(self.docs)),
+            show_progress=False,
         )
         out = []
         for i, s in zip(ids[0].tolist(), scores[0].tolist()):

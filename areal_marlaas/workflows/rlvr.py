@@ -83,13 +83,15 @@ class MultiTaskRLVRWorkflow(TaskWorkflow, RLVRWorkflow):
             kwargs["reward_workers"] = fault.reward_workers
         return kwargs
 
-    async def arun_episode(self, engine, data: dict[str, Any]) -> dict[str, Any] | None:
+    async def arun_episode(self, engine, data: dict[str, Any]) -> dict[str, Any]:
         with (
             seeded_sampling(self.sampling_seed),
             collect_served_adapters() as served,
             collect_reward_reasons() as reasons,
         ):
-            traj = await super().arun_episode(engine, data)
+            # AReaL's annotation says tensors only; a trajectory also carries
+            # the keys set below.
+            traj: dict[str, Any] = await super().arun_episode(engine, data)
         versions = generated_versions(traj)
         if len(versions) != 1:
             # The engine pins one version per request; several means a bug upstream.

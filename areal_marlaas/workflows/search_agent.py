@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from areal import workflow_context
@@ -143,9 +143,10 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
                 "SearchAgentWorkflow needs corpus_path, search_fn or server_url"
             )
         self.corpus_path = corpus_path
-        if isinstance(search_fn, str):
-            search_fn = import_from_string(search_fn)
-        self.search_fn = search_fn
+        # A dotted path names the function.
+        self.search_fn: Callable[[str, int], list[Passage]] | None = (
+            import_from_string(search_fn) if isinstance(search_fn, str) else search_fn
+        )
         # Searches go over HTTP when a server is given (search_fn is then unused).
         self.client = (
             SearchClient(server_url, server_retries, server_backoff_s)
@@ -270,13 +271,17 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
         return float(reward), ""
 
     # -- episode ----------------------------------------------------------------
+    def _decode(self, ids: list[int]) -> str:
+        # One sequence decodes to a str; transformers' stub adds a batch's list.
+        return cast(str, self.tokenizer.decode(ids))
+
     async def arun_episode(self, engine, data: dict[str, Any]) -> dict[str, Any] | None:
         with seeded_sampling(self.sampling_seed), collect_served_adapters() as served:
             traj = await self._episode(engine, data)
         traj["served_adapters"] = list(served)
         return traj
 
-    async def _episode(self, engine, data: dict[str, Any]) -> dict[str, Any] | None:
+    async def _episode(self, engine, data: dict[str, Any]) -> dict[str, Any]:
         prompt_ids = apply_chat_template(
             self.tokenizer,
             data["messages"],
@@ -317,7 +322,7 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
             logprobs += list(resp.output_logprobs)
             loss_mask += [1] * len(out)
             versions += list(resp.output_versions)
-            text = self.tokenizer.decode(out)
+            text = self._decode(out)
             if not pieces:
                 text = prefix + text  # the first turn continues the prefix
             pieces.append(text)
@@ -348,11 +353,11 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
             logprobs += [0.0] * len(info)
             loss_mask += [0] * len(info)
             versions += [-1] * len(info)
-            pieces.append(self.tokenizer.decode(info))
+            pieces.append(self._decode(info))
 
         reward = 0.0
         if answer is not None:
-            prompt_str = self.tokenizer.decode(prompt_ids)
+            prompt_str = self._decode(prompt_ids)
             completion_ids = seq[len(prompt_ids) :]
             reward, reason = await self.score(
                 data, answer, prompt_str, "".join(pieces), (prompt_ids, completion_ids)
@@ -369,7 +374,7 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
                 "tool_errors": tool_errors,
             }
         )
-        traj = {
+        traj: dict[str, Any] = {
             "input_ids": torch.tensor(seq, dtype=torch.int32),
             "loss_mask": torch.tensor(loss_mask, dtype=torch.int32),
             "logprobs": torch.tensor(logprobs, dtype=torch.float32),

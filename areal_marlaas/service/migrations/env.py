@@ -33,7 +33,9 @@ def run_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = make_engine(context.config.get_main_option("sqlalchemy.url"))
+    url = context.config.get_main_option("sqlalchemy.url")
+    assert url is not None  # the store sets it before running migrations
+    engine = make_engine(url)
     with engine.begin() as conn:
         _configure(connection=conn)
         with context.begin_transaction():

@@ -66,6 +66,7 @@ class FileStore(StoreBase):
                         .select_from(File)
                         .where(File.tenant_id == tenant_id, File.deleted_at.is_(None))
                     )
+                    assert stored is not None  # count(*) returns a row
                     if stored >= max_files:
                         raise LimitExceeded(
                             f"You have {stored} stored files, the limit is "

@@ -142,6 +142,7 @@ class ApiJobStore(StoreBase):
                         .select_from(Job)
                         .where(Job.tenant_id == tenant_id, Job.status.in_(WAITING))
                     )
+                    assert waiting is not None  # count(*) returns a row
                     if waiting >= max_queued:
                         raise LimitExceeded(
                             f"You have {waiting} jobs waiting to run (validating, "
@@ -329,7 +330,8 @@ class ApiJobStore(StoreBase):
                 .where(Checkpoint.tenant_id == tenant_id)
                 .order_by(Checkpoint.seq)
             ).all()
-        return [(n, t) for n, t in jobs] + [(n, t) for n, t in ckpts]
+        # The query keeps only jobs with a fine_tuned_model.
+        return [(n, t) for n, t in jobs if n is not None] + [(n, t) for n, t in ckpts]
 
     def checkpoint_for_model(self, tenant_id: str, model: str) -> Checkpoint | None:
         """What a tenant's ``model=`` names: a checkpoint by its own name, or a
