@@ -91,7 +91,7 @@ def admission_plan(cfg: MARLaaSConfig, reports: list[TaskReport]) -> AdmissionPl
         max_rolling=cfg.scheduler.max_rolling,
     )
     plan = AdmissionPlan(budget, [], {})
-    for i, (task, r) in enumerate(zip(cfg.tasks, reports)):
+    for i, (task, r) in enumerate(zip(cfg.tasks, reports, strict=True)):
         try:
             actions = core.handle(
                 Submitted(r.name, task.total_steps, 0, r.kv_bytes, task.priority)

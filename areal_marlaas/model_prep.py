@@ -81,7 +81,9 @@ def _gguf_bpe_tokenizer(gguf_file: Path):
     bpe.decoder = decoders.ByteLevel()
     bpe.post_processor = processors.ByteLevel(trim_offsets=False)
     control = [
-        t for t, kind in zip(tokens, value("tokenizer.ggml.token_type")) if kind == 3
+        t
+        for t, kind in zip(tokens, value("tokenizer.ggml.token_type"), strict=True)
+        if kind == 3
     ]
     tok = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
@@ -134,7 +136,7 @@ def prepare_default_model(out: Path | None = None, force: bool = False) -> Path:
 
 
 # A small word-level vocabulary so tiny models need nothing from a hub.
-_TINY_WORDS = (
+_TINY_WORDS = (  # noqa: SIM905  # the words read better as text than as a list
     "what is the answer plus times minus of a an and to in it you are helpful "
     "assistant "
     "user system question final number please give think step by so = + - * / ? . , : "

@@ -93,7 +93,7 @@ def env_intervals(batch: list[dict[str, Any]]) -> list[tuple[float, float]]:
     out = []
     for t in batch:
         flat = list(t.get("env_intervals", []))
-        out += list(zip(flat[0::2], flat[1::2]))
+        out += list(zip(flat[0::2], flat[1::2], strict=True))
     return out
 
 

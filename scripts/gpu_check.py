@@ -42,6 +42,7 @@ the project's venvs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -111,17 +112,13 @@ CPU_BENCH_JSON = REPO / "docs" / "results" / "bench" / "bench.json"
 def kill_group(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
     """SIGTERM the step's process group, then SIGKILL what is left after ``grace``."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
         try:
             proc.wait(grace)
             # The leader is gone; make sure no member of its group outlives it.
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
             return
         except subprocess.TimeoutExpired:
             continue
@@ -151,19 +148,15 @@ def reap_marked(token: str, grace: float = KILL_GRACE_S) -> list[int]:
     """End, by pid, whatever this run started that is still alive."""
     pids = marked_pids(token)
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     t_end = time.monotonic() + grace
     while time.monotonic() < t_end and any(_alive(p) for p in pids):
         time.sleep(0.1)
     for pid in pids:
         if _alive(pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     return pids
 
 
@@ -221,7 +214,7 @@ class Runner:
 
     def run(self) -> list[StepResult]:
         self._report()
-        for step, res in zip(self.steps, self.results):
+        for step, res in zip(self.steps, self.results, strict=True):
             if step.in_deadline and self.deadline_at is None:
                 self.deadline_at = self.clock() + self.deadline_s
             self.run_step(step, res)
@@ -501,7 +494,7 @@ def safe_summary(runner: Runner) -> list[list[str]]:
 
 def render_table(rows: list[list[str]], header: list[str]) -> list[str]:
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
     return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 

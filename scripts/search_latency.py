@@ -99,7 +99,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     with open(args.questions) as f:
-        queries = [json.loads(line)["question"] for _, line in zip(range(args.n), f)]
+        queries = [
+            json.loads(line)["question"]
+            for _, line in zip(range(args.n), f, strict=False)
+        ]
     from areal.utils.hf_utils import load_hf_tokenizer
 
     tok = load_hf_tokenizer(str(prepare_default_model()))

@@ -3,6 +3,7 @@ over time, and throughput / utilization / TTFS / TPTS against tenant count."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ def plot_timelines(
     tmax = max(
         (e["end"] for ev in runs.values() for e in ev if "phase" in e), default=1.0
     )
-    for ax, (label, events) in zip(axes[0], runs.items()):
+    for ax, (label, events) in zip(axes[0], runs.items(), strict=False):
         phases = [e for e in events if "phase" in e]
         tasks = sorted({e["task"] for e in phases}, key=_natural)
         for i, task in enumerate(tasks):
@@ -81,10 +82,10 @@ def plot_utilization(
     plt = _plt()
     n = max(1, len(samples))
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.0), squeeze=False)
-    for ax, (label, ss) in zip(axes[0], samples.items()):
+    for ax, (label, ss) in zip(axes[0], samples.items(), strict=False):
         c = cores.get(label, {"server": 1, "trainer": 1})
         ts, su, tu, run = [], [], [], []
-        for a, b in zip(ss, ss[1:]):
+        for a, b in pairwise(ss):
             dt = b["t"] - a["t"]
             if dt <= 0:
                 continue

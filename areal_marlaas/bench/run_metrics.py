@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from itertools import pairwise
 from typing import Any
 
 from areal_marlaas.rundir.reader import load_run, phase_records
@@ -62,7 +63,7 @@ def _interp(samples: list[dict[str, float]], key: str, t: float) -> float:
     """A cumulative counter at time ``t`` (linear between samples, clamped)."""
     if t <= samples[0]["t"]:
         return samples[0][key]
-    for a, b in zip(samples, samples[1:]):
+    for a, b in pairwise(samples):
         if a["t"] <= t <= b["t"]:
             if b["t"] == a["t"]:
                 return b[key]
@@ -132,7 +133,7 @@ def run_metrics(
     gaps = []
     for ts in commits.values():
         ts = sorted(ts)
-        gaps += [b - a for a, b in zip(ts, ts[1:])]
+        gaps += [b - a for a, b in pairwise(ts)]
     by_phase: dict[str, list[float]] = defaultdict(list)
     for e in phases:
         by_phase[e["phase"]].append(e["end"] - e["start"])

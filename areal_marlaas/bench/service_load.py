@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,7 @@ def run_metrics(
     ``first_arrival``: the wall time the first job was created (None: none was)."""
     ttfs = [j["ttfs_s"] for j in jobs]
     known = [t for t in ttfs if t is not None]
-    gaps = [b - a for j in jobs for a, b in zip(j["commits"], j["commits"][1:])]
+    gaps = [b - a for j in jobs for a, b in pairwise(j["commits"])]
     train = [s for j in jobs for s in j["train_s"]]
     commits = [t for j in jobs for t in j["commits"]]
     steps = len(commits)

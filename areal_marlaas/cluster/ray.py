@@ -104,9 +104,9 @@ def _probe(checks: list[tuple[str, str, str]]) -> list[str]:
                 problems.append(
                     f"{name}: {path} is not a model folder (no config.json)"
                 )
-        elif kind == "dir" and not os.path.isdir(path):
-            problems.append(f"{name}: {path} does not exist")
-        elif kind == "file" and not os.path.isfile(path):
+        elif (kind == "dir" and not os.path.isdir(path)) or (
+            kind == "file" and not os.path.isfile(path)
+        ):
             problems.append(f"{name}: {path} does not exist")
     return problems
 

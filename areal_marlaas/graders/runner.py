@@ -174,7 +174,7 @@ def _local_similarity(
     g: TextSimilarityGrader, samples: list[dict], items: list[dict]
 ) -> list[LeafResult]:
     out = []
-    for sample, item in zip(samples, items):
+    for sample, item in zip(samples, items, strict=True):
         start = time.perf_counter()
         try:
             a, b = g.input.render(sample, item), g.reference.render(sample, item)
@@ -226,7 +226,9 @@ async def _score_model(
 
 
 def _python_results(g: PythonGrader, samples, items, ctx) -> list[LeafResult]:
-    batch = run_python_batch(g.source, list(zip(samples, items)), ctx.sandbox)
+    batch = run_python_batch(
+        g.source, list(zip(samples, items, strict=True)), ctx.sandbox
+    )
     share = (batch.seconds - sum(s.seconds for s in batch.samples)) / max(
         len(samples), 1
     )
@@ -292,7 +294,7 @@ async def _run_leaf(
         flag, why, details = problem
         return [LeafResult.fail(flag, why, **details) for _ in range(n)]
     if isinstance(g, StringCheckGrader):
-        out = [_string_check(g, s, i) for s, i in zip(samples, items)]
+        out = [_string_check(g, s, i) for s, i in zip(samples, items, strict=True)]
         each = (time.perf_counter() - start) / max(n, 1)
         for r in out:
             r.seconds = each
@@ -300,7 +302,10 @@ async def _run_leaf(
     if isinstance(g, TextSimilarityGrader):
         if g.evaluation_metric == "cosine":
             return await _timed(
-                [_cosine(g, s, i, ctx, client, sem) for s, i in zip(samples, items)]
+                [
+                    _cosine(g, s, i, ctx, client, sem)
+                    for s, i in zip(samples, items, strict=True)
+                ]
             )
         # Off the event loop: METEOR's first call loads WordNet (about 2 s).
         return await asyncio.to_thread(_local_similarity, g, samples, items)
@@ -308,10 +313,15 @@ async def _run_leaf(
         return await asyncio.to_thread(_python_results, g, samples, items, ctx)
     if isinstance(g, ScoreModelGrader):
         return await _timed(
-            [_score_model(g, s, i, ctx, client, sem) for s, i in zip(samples, items)]
+            [
+                _score_model(g, s, i, ctx, client, sem)
+                for s, i in zip(samples, items, strict=True)
+            ]
         )
     if isinstance(g, ExtensionGrader):
-        return await _timed([_extension(g, s, i, ctx) for s, i in zip(samples, items)])
+        return await _timed(
+            [_extension(g, s, i, ctx) for s, i in zip(samples, items, strict=True)]
+        )
     raise AssertionError(f"not a leaf grader: {g!r}")
 
 
@@ -432,7 +442,7 @@ async def grade_batch(
     finally:
         if client is not None:
             await client.aclose()
-    by_key = dict(zip(leaves, per_leaf))
+    by_key = dict(zip(leaves, per_leaf, strict=True))
     return [
         _compose(grader, {k: by_key[k][j] for k in leaves}) for j in range(len(pairs))
     ]

@@ -18,6 +18,7 @@ lives as long as the server (the main thread, or the supervisor's).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -56,10 +57,8 @@ def kill_group(pgid: int, grace_s: float = 5.0) -> None:
     """SIGTERM then SIGKILL every other member of the group."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in group_members(pgid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + grace_s
         while group_members(pgid) and time.monotonic() < deadline:
             _reap()
@@ -100,10 +99,8 @@ def main(argv: list[str]) -> int:
     def on_signal(signum, _frame):
         # SIGTERM from the launcher's stop() or from PDEATHSIG: take the group down.
         stopping.append(signum)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

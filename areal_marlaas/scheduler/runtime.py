@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from areal.utils import logging
@@ -431,7 +432,11 @@ class Runtime:
             with self._rolling_lock:
                 self._rolling -= 1
         reasons = [trajectory.failure_reason(x) for x in results]
-        ok = [x for x, why in zip(results, reasons) if x is not None and why is None]
+        ok = [
+            x
+            for x, why in zip(results, reasons, strict=True)
+            if x is not None and why is None
+        ]
         if not ok:
             why = next((r for r in reasons if r), "no trajectory came back")
             raise RuntimeError(
@@ -554,7 +559,7 @@ class Runtime:
         steps = 0
         for name, t in self.tasks.items():
             state = self.core.tasks.get(name)
-            gaps = [b - a for a, b in zip([t.submitted_at, *t.commits], t.commits)]
+            gaps = [b - a for a, b in pairwise([t.submitted_at, *t.commits])]
             steps += len(t.commits)
             tasks[name] = {
                 "steps": len(t.commits),

@@ -80,13 +80,16 @@ def service_grader_validator(
                         f"{param}.graders.{key}.type",
                     )
                 check_kinds(sub, f"{param}.graders.{key}")
-        elif isinstance(grader, ExtensionGrader) and grader.type_name == MARLAAS:
-            if grader.config["kind"] not in allowed:
-                raise GraderError(
-                    f"{param}.kind: this service grades kinds {sorted(allowed)}, "
-                    f"got {grader.config['kind']!r}.",
-                    f"{param}.kind",
-                )
+        elif (
+            isinstance(grader, ExtensionGrader)
+            and grader.type_name == MARLAAS
+            and grader.config["kind"] not in allowed
+        ):
+            raise GraderError(
+                f"{param}.kind: this service grades kinds {sorted(allowed)}, "
+                f"got {grader.config['kind']!r}.",
+                f"{param}.kind",
+            )
 
     def validate(spec: dict) -> None:
         grader = validate_grader(spec, ctx, param=where)

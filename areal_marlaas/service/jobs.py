@@ -90,7 +90,9 @@ def check_lines(
             rows.append((n, json.loads(line)))
         except json.JSONDecodeError as e:
             # The line number, never the server's path of the file.
-            raise JobFileError(f"{param} line {n}: not valid JSON ({e.msg})", param)
+            raise JobFileError(
+                f"{param} line {n}: not valid JSON ({e.msg})", param
+            ) from e
     kind = marlaas_kind(grader)
     refs = [] if kind else item_refs(parse_grader(grader))
     needed = KIND_FIELDS.get(kind, DEFAULT_KIND_FIELDS) if kind else ()

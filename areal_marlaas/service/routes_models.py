@@ -114,11 +114,15 @@ async def _proxy(request: Request, tenant: Tenant, endpoint: str):
         # A restarted server has forgotten the adapters loaded for chat: drop the
         # stale entry and load it again, once.
         forget = getattr(st.router, "forget", None)
-        if upstream.status_code == 404 and attempt == 1 and forget is not None:
-            if await run_in_threadpool(forget, route):
-                await upstream.aclose()
-                await release()
-                continue
+        if (
+            upstream.status_code == 404
+            and attempt == 1
+            and forget is not None
+            and await run_in_threadpool(forget, route)
+        ):
+            await upstream.aclose()
+            await release()
+            continue
         break
     else:  # the second attempt always breaks
         raise AssertionError("unreachable")

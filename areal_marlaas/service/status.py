@@ -50,7 +50,11 @@ def format_status(store: JobStore, now: float | None = None) -> str:
         )
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
     for row in table:
-        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        lines.append(
+            "  ".join(
+                str(c).ljust(w) for c, w in zip(row, widths, strict=True)
+            ).rstrip()
+        )
     return "\n".join(lines)
 
 

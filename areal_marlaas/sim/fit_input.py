@@ -122,6 +122,6 @@ def load_fit_input(root: str | Path) -> dict[str, tuple[Events, dict[str, int]]]
         raise ValueError(f"{path}: format {data.get('format')}, expected {FORMAT}")
     fields = data["fields"]
     return {
-        label: ([dict(zip(fields, e)) for e in run["events"]], run["seqs"])
+        label: ([dict(zip(fields, e, strict=True)) for e in run["events"]], run["seqs"])
         for label, run in data["runs"].items()
     }

@@ -183,12 +183,15 @@ def mean_concurrency(
         for r in rollouts
     ]
     out = []
-    for r, g in zip(rollouts, gens):
+    for r, g in zip(rollouts, gens, strict=True):
         span = _length(g)
         if span <= 0:
             out.append(float(seqs[r["task"]]))
             continue
-        total = sum(seqs[o["task"]] * _overlap(g, h) for o, h in zip(rollouts, gens))
+        total = sum(
+            seqs[o["task"]] * _overlap(g, h)
+            for o, h in zip(rollouts, gens, strict=True)
+        )
         out.append(total / span)
     return out
 
@@ -256,7 +259,9 @@ def fit_rollout(
         rolls = [e for e in records if e["phase"] == "rollout"]
         env = batch_env(run.events)
         concurrency = mean_concurrency(rolls, run.seqs, env)
-        for e, n, sh in zip(rolls, concurrency, _training_shares(records, env)):
+        for e, n, sh in zip(
+            rolls, concurrency, _training_shares(records, env), strict=True
+        ):
             scale = (run.max_new_tokens.get(e["task"]) or ref or 1) / (ref or 1)
             gen = _length(generation(e, env.get((e["task"], e["version"]), [])))
             rows.append((run.profile_of(e["task"]), n, max(gen, 1e-3), scale, sh))

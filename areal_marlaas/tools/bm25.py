@@ -62,7 +62,7 @@ class BM25Index:
             show_progress=False,
         )
         out = []
-        for i, s in zip(ids[0].tolist(), scores[0].tolist()):
+        for i, s in zip(ids[0].tolist(), scores[0].tolist(), strict=True):
             if s <= 0:
                 continue
             d = self.docs[i]

@@ -14,6 +14,8 @@ float summation order (tested).
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
@@ -40,7 +42,7 @@ def packed_sdpa_forward(
             module, query, key, value, attention_mask, dropout, scaling, is_causal
         )
     bounds = cu.tolist()
-    sizes = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    sizes = [e - s for s, e in pairwise(bounds)]
     gqa = query.shape[1] != key.shape[1]
     # torch.split, not q[:, :, s:e]: each slice's backward allocates and fills a
     # zero gradient of the whole pack (16 sequences x 30 layers x q/k/v of them
@@ -53,6 +55,7 @@ def packed_sdpa_forward(
             query.split(sizes, dim=2),
             key.split(sizes, dim=2),
             value.split(sizes, dim=2),
+            strict=True,
         )
         if q.shape[2]
     ]

@@ -88,7 +88,7 @@ def logprob_gap(
     """|server - trainer| logprob of every generated token of ``data``: the
     server's logprob of token i sits at i, the trainer's at i - 1."""
     diffs = []
-    for traj, logp in zip(data, recomputed):
+    for traj, logp in zip(data, recomputed, strict=True):
         mask = traj["loss_mask"].bool()
         mine = torch.roll(logp.float(), shifts=1, dims=-1)[mask]
         diffs.append((traj["logprobs"].float()[mask] - mine).abs())
@@ -145,7 +145,7 @@ class FusedAudit(EngineHost):
         if recompute:
             # actor.recompute_logprob: the old logprobs come from this
             # engine, not from the server (PPOTrainer does the same).
-            for traj, logp in zip(data, logps):
+            for traj, logp in zip(data, logps, strict=True):
                 traj["prox_logp"] = logp
         audit = logprob_gap(audited, logps)
         check(audit)

@@ -10,6 +10,7 @@ step reports what it used (``cores_mean``, ``borrowed_s``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -25,10 +26,9 @@ if TYPE_CHECKING:
 def _set_process_affinity(cpus: set[int]) -> None:
     """Every thread of this process (torch's OpenMP pool included) on ``cpus``."""
     for tid in os.listdir("/proc/self/task"):
-        try:
+        # ProcessLookupError: the thread ended meanwhile.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.sched_setaffinity(int(tid), cpus)
-        except (ProcessLookupError, PermissionError):  # thread ended meanwhile
-            pass
 
 
 def _layer_list(model: torch.nn.Module) -> torch.nn.ModuleList | None:

@@ -89,7 +89,9 @@ class PackedAttentionMaskFix(EngineHost):
             assert mb_list.padding_lengths is not None  # set with padded_mbs
             mb_list.padded_mbs = [
                 _strip_padding(mb, pad)
-                for mb, pad in zip(mb_list.padded_mbs, mb_list.padding_lengths)
+                for mb, pad in zip(
+                    mb_list.padded_mbs, mb_list.padding_lengths, strict=True
+                )
             ]
             mb_list.padding_lengths = [0] * len(mb_list.mbs)
             mb_list.padded_to_lengths = list(mb_list.group_lens)

@@ -35,7 +35,7 @@ def mean_max_abs_diff(data, recomputed):
     import torch
 
     diffs = []
-    for traj, logp in zip(data, recomputed):
+    for traj, logp in zip(data, recomputed, strict=True):
         mask = traj["loss_mask"].bool()
         # vLLM's logprob of token i sits at i; the trainer's at i - 1.
         vllm = traj["logprobs"][mask].float().cpu()
@@ -157,7 +157,7 @@ def one(dtype: str, work: Path, steps: int, eager: str, gpu_mem: str) -> dict:
         base = trainer.compute_logp(data)
         eff = [
             (a - b).abs()[t["loss_mask"].bool().roll(-1, dims=-1)]
-            for a, b, t in zip(trained, base, data)
+            for a, b, t in zip(trained, base, data, strict=True)
         ]
         out["adapter_effect_mean_abs"] = float(
             torch.cat([e.float().cpu() for e in eff]).mean()

@@ -10,6 +10,7 @@ CUDA device, and, with ``--import MOD[,MOD]``, whether those modules really impo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata as md
 import importlib.util
 import json
@@ -43,10 +44,8 @@ DISTS = (
 def dists() -> dict[str, str]:
     out = {}
     for name in DISTS:
-        try:
+        with contextlib.suppress(md.PackageNotFoundError):
             out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            pass
     return out
 
 
