@@ -35,8 +35,10 @@ test-service: setup
 test-ray: setup
 	RAY_memory_monitor_refresh_ms=0 $(PY) -m pytest -m slow tests/e2e/test_ray_e2e.py
 
+# ruff (lint + format) and the type checker (pyproject.toml [tool.basedpyright]).
 lint: setup
 	$(AREAL_VENV)/bin/ruff check . && $(AREAL_VENV)/bin/ruff format --check .
+	$(AREAL_VENV)/bin/basedpyright --pythonpath $(PY)
 
 quickstart: setup
 	$(AREAL_VENV)/bin/marlaas train --config $(CONFIG)

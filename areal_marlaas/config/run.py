@@ -181,7 +181,7 @@ class MARLaaSConfig(GRPOConfig):
             "help": "Trainer processes keep the memory they free (glibc malloc: one "
             "arena, no mmap for large blocks, no trimming), so a train step reuses "
             "the last step's pages instead of faulting in ~1.4 GB of fresh ones "
-            "(a step 1.11x faster on a 2-core CPU, docs/results.md). The update "
+            "(faster steps on CPU; docs/results.md measures it). The update "
             "is unchanged; the trainer's RSS stays at its peak. Read before torch "
             "starts threads (train/heap.py). false = glibc's defaults."
         },
