@@ -21,7 +21,7 @@ from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
 from areal_marlaas.train.pool import TrainerPool
-from areal_marlaas.train.trainer import add_tenant, single_rank_env
+from areal_marlaas.train.stack import add_tenant, single_rank_env
 
 
 def main(argv: list[str]) -> None:

@@ -24,14 +24,12 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from areal.api.io_struct import FinetuneSpec
 from areal.utils import logging
 from areal.utils.hf_utils import load_hf_tokenizer
 
 from areal_marlaas import admission
 from areal_marlaas.config.service import ServiceRunConfig
 from areal_marlaas.rollout.server_metrics import scrape
-from areal_marlaas.rollout.session import RolloutSession
 from areal_marlaas.rundir.reader import task_steps
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
 from areal_marlaas.service import jobs as jobspec
@@ -50,8 +48,7 @@ from areal_marlaas.service.tables import (
     VALIDATING,
     Job,
 )
-from areal_marlaas.train.screen import make_stats_logger
-from areal_marlaas.train.trainer import MultiTaskTrainer, add_tenant
+from areal_marlaas.train.stack import TrainingStack, add_tenant
 
 logger = logging.getLogger("MARLaaSServiceRunner")
 
@@ -81,60 +78,50 @@ class Admitted:
     trained_tokens: int = 0
 
 
-class ServiceRunner(MultiTaskTrainer):
-    """The trainer's set-up (scheduler, FSDP engine, rollout session) with its
-    tasks coming from the job store instead of a YAML."""
+def stack_config(cfg: ServiceRunConfig) -> ServiceRunConfig:
+    """The service's training stack: its run directory under the service root
+    (checkpoints point into it), never started over (jobs resume from it)."""
+    cfg.cluster.fileroot = str(cfg.service.root_dir / "runs")
+    cfg.resume = True
+    return cfg
 
-    title = "marlaas service"
-    cfg: ServiceRunConfig
+
+class ServiceRunner:
+    """A training stack whose tasks come from the job store instead of a YAML,
+    the HTTP API beside it, and the poller between the two."""
 
     def __init__(self, cfg: ServiceRunConfig, stop: threading.Event | None = None):
-        svc = cfg.service
-        # Adapters live under the service root (checkpoints point into it), and
-        # the run directory is never started over: jobs resume from it.
-        cfg.cluster.fileroot = str(svc.root_dir / "runs")
-        cfg.resume = True
-        super().__init__(cfg)
-        self.svc = svc
+        self.cfg = stack_config(cfg)
+        self.svc = cfg.service
+        self.stack = TrainingStack(cfg, title="marlaas service")
+        self.store = self.stack.store
         self.stop = stop or threading.Event()
-        self.jobs = JobStore.from_config(svc)
+        self.jobs = JobStore.from_config(self.svc)
         self.metrics = ServiceMetrics(self.jobs)
         self.admitted: dict[str, Admitted] = {}  # task name -> job
         self._lock = threading.Lock()
         self.runtime: Runtime | None = None
         self.api = None
         self.tokenizer = None
-        self.draining = False
         self._busy_mark = (time.monotonic(), 0.0)
 
     # -- lifecycle ----------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        cfg = self.cfg
+        cfg, stack = self.cfg, self.stack
         poller = None
         try:
-            self.scheduler = self._init_scheduler()
-            self._pin_trainer()
-            self.screen.phase("starting the trainer")
-            self.engine = self._build_trainer()
-            self.screen.phase("starting the rollout server")
-            self.session = RolloutSession(cfg, self.store.root)
-            rollout = self.session.start(self.scheduler)
-            self.rollout = self.session.supervise(rollout, on_restart=self._on_restart)
+            stack.start_trainer()
+            rollout = stack.start_rollout()
+            assert stack.session is not None  # start_rollout set it
             self.tokenizer = load_hf_tokenizer(cfg.tokenizer_path)
-            self.runtime = Runtime(
-                [],
-                self.rollout,
-                self._train_backend(self.engine),
-                self.store,
-                self._options(),
+            stack.runtime = self.runtime = Runtime(
+                [], rollout, stack.train_backend(), self.store, self._options()
             )
-            self._runtime = self.runtime  # elastic placement reads its rollouts
-            self.stats_logger = make_stats_logger(cfg, FinetuneSpec(1, 10**6, 1))
+            stack.start_stats(10**6)  # open-ended: jobs keep arriving
             self._reconcile()
-            address = self.session.addresses[0]
             router = VLLMModelRouter(
                 self.jobs,
-                address,
+                stack.session.addresses[0],
                 self.svc.base_model,
                 cfg.vllm.model,
                 self.svc.inference_adapters,
@@ -147,27 +134,25 @@ class ServiceRunner(MultiTaskTrainer):
                 self.metrics,
                 grading=cfg.grading,
             )
-            self.screen.phase(f"serving the API on {self.api.base_url}")
+            stack.screen.phase(f"serving the API on {self.api.base_url}")
             poller = threading.Thread(
                 target=self._poll, name="marlaas-jobs", daemon=True
             )
             poller.start()
             summary = self.runtime.serve(self.stop)
-            self.screen.phase("drained: every job stopped at a committed version")
+            stack.screen.phase("drained: every job stopped at a committed version")
         finally:
             self.stop.set()
             if poller is not None:
                 poller.join(timeout=30)
             if self.api is not None:
                 self.api.stop()
-            if getattr(self, "stats_logger", None) is not None:
-                self.stats_logger.close()
-            self.close()
+            stack.close()
             self.jobs.close()
         return summary
 
     def _options(self) -> RuntimeOptions:
-        options = super()._options()
+        options = self.stack.runtime_options(on_step=self._progress)
         options.on_status = self._on_status
         options.on_publish = self._on_publish
         options.max_tasks = self.svc.max_tasks
@@ -256,9 +241,10 @@ class ServiceRunner(MultiTaskTrainer):
                     level="warn",
                 )
         spec = jobspec.task_spec(job, self.svc, self.jobs.file_of_job(job.id))
-        need = self.kv.task_bytes(spec)
-        assert self.session is not None  # jobs are polled once it started
-        capacity = admission.capacity(self.cfg, self.kv, self.session.addresses[0])
+        kv, session = self.stack.kv, self.stack.session
+        need = kv.task_bytes(spec)
+        assert session is not None  # jobs are polled once it started
+        capacity = admission.capacity(self.cfg, kv, session.addresses[0])
         budget = admission.budget(self.cfg, capacity)
         if budget is not None and need > budget:
             raise jobspec.JobFileError(
@@ -295,12 +281,12 @@ class ServiceRunner(MultiTaskTrainer):
 
         def add():  # on its trainer's thread: never beside a step there
             return add_tenant(
-                self.engine,
+                self.stack.engine,
                 spec,
                 self.store,
                 self.tokenizer,
                 self.cfg,
-                self.kv,
+                self.stack.kv,
                 resume=self.store.committed(spec.name) is not None,
                 grading=grading,
             )
@@ -313,7 +299,9 @@ class ServiceRunner(MultiTaskTrainer):
                 job.id, "setup_failed", f"{type(e).__name__}: {e}", "training_file"
             )
             return
-        self.rollout.register_task(
+        rollout = self.stack.rollout
+        assert rollout is not None  # jobs are handed over once it started
+        rollout.register_task(
             spec.name,
             task.start_version,
             self.store.adapter_dir(spec.name, task.start_version),
@@ -323,13 +311,14 @@ class ServiceRunner(MultiTaskTrainer):
                 job.id, job.tenant_id, spec.name, spec.total_steps
             )
         self.jobs.set_plan(job.id, steps_total=spec.total_steps)
-        self.screen.add(spec.name, task.start_version, spec.total_steps)
+        self.stack.screen.add(spec.name, task.start_version, spec.total_steps)
         runtime.add(task)
         logger.info(f"job {job.id} handed to the scheduler as {spec.name}")
 
     def _gauges(self) -> None:
         # The poller calls this once both started.
-        assert self.runtime is not None and self.session is not None
+        session = self.stack.session
+        assert self.runtime is not None and session is not None
         now, busy = time.monotonic(), self.runtime.train_busy_s
         t0, b0 = self._busy_mark
         if now - t0 >= 5:
@@ -337,7 +326,7 @@ class ServiceRunner(MultiTaskTrainer):
             self.metrics.set_trainer_busy(min(1.0, share))
             self._busy_mark = (now, busy)
             try:
-                m = scrape(self.session.addresses[0], timeout=2)
+                m = scrape(session.addresses[0], timeout=2)
                 self.metrics.set_kv_usage(m.kv_cache_usage)
             except Exception:  # the gauge is best effort
                 pass
@@ -403,7 +392,7 @@ class ServiceRunner(MultiTaskTrainer):
                 self.admitted.pop(held.task, None)
 
     def _progress(self, r: dict[str, Any], stats: dict[str, float]) -> None:
-        super()._progress(r, stats)
+        self.stack.log_step(r, stats)
         held = self._job_of(r["task"])
         if held is None:
             return

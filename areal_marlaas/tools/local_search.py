@@ -6,7 +6,7 @@ Where: the process that resolves a task's workflow arguments
 benches. One server per distinct (corpus, workers, latency), on first use, shared
 by the tasks that ask for the same one.
 
-Stopped: by ``stop_local_search_servers()`` (``MultiTaskTrainer.close``) or at
+Stopped: by ``stop_local_search_servers()`` (``TrainingStack.close``) or at
 interpreter exit; and, if the process dies without either (SIGKILL), by the
 reaper: the server runs under ``rollout/reaper.py`` in its own session, launched
 from a thread that lives as long as the server (PDEATHSIG follows the launching

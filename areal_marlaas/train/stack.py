@@ -1,0 +1,328 @@
+"""What ``marlaas train`` and ``marlaas service`` both run on: AReaL's scheduler,
+the trainer pool, the rollout session (the shared vLLM server, supervised), the
+run directory, the KV model and the screen.
+
+Built in two steps, ``start_trainer`` then ``start_rollout``, because
+``marlaas train`` gives the trainer its tasks between them (a task whose data is
+broken fails before the server starts); the service adds tasks later, as jobs
+arrive. ``close`` takes down whatever was started, in reverse order.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from areal.api.alloc_mode import ModelAllocation
+from areal.api.io_struct import FinetuneSpec
+from areal.utils import logging
+from areal.utils.network import find_free_ports
+
+from areal_marlaas import admission
+from areal_marlaas.admission import KVModel
+from areal_marlaas.cluster import close_scheduler, make_scheduler
+from areal_marlaas.config import MARLaaSConfig, TaskSpec
+from areal_marlaas.placement import parse_cpus, pin_current_process
+from areal_marlaas.rollout.session import RolloutSession
+from areal_marlaas.rundir.writer import RunStore
+from areal_marlaas.scheduler.backends import RolloutBackend, TrainBackend
+from areal_marlaas.scheduler.core import Mode, TrainOrder
+from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions, TaskRun
+from areal_marlaas.tasks import load_task_rows
+from areal_marlaas.tasks.prompt_order import TaskData
+from areal_marlaas.tools.local_search import stop_local_search_servers
+from areal_marlaas.train import screen
+from areal_marlaas.train.elastic import ElasticCores, ElasticTrainBackend
+from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
+from areal_marlaas.train.pool import TrainerPool, trainer_role
+from areal_marlaas.workflows import task_workflow
+from areal_marlaas.workflows.reward import IsolatedReward
+
+logger = logging.getLogger("MARLaaSStack")
+
+
+def _port_free(host: str, port: str) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, int(port)))
+        except (OSError, ValueError):
+            return False
+    return True
+
+
+def single_rank_env() -> None:
+    """The in-process FSDP engine is one rank of a one-rank gloo/nccl group."""
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    # As rank 0 of a one-rank group we host the store: a port inherited from an
+    # earlier engine (this process's or a parent's) may still be held, so only a
+    # free one is kept.
+    port = os.environ.get("MASTER_PORT", "")
+    if not port or not _port_free(os.environ["MASTER_ADDR"], port):
+        os.environ["MASTER_PORT"] = str(find_free_ports(1)[0])
+
+
+def add_tenant(
+    engine,
+    spec: TaskSpec,
+    store: RunStore,
+    tokenizer,
+    cfg: MARLaaSConfig,
+    kv: KVModel | None = None,
+    resume: bool = False,
+    grading: dict | None = None,
+) -> TaskRun:
+    """Give ``spec`` its state on the trainer, commit its v0 adapter, and return
+    what the runtime needs to run it (``engine``: the FSDP actor or its handle).
+
+    With ``resume``, a task the run directory already committed continues from
+    its last committed version: adapter, optimizer/LR/RNG state (its
+    ``optimizer.pt``) and data cursor. The dataset is read first, so a task whose
+    data is broken fails before it takes anything on the trainer."""
+    rows = load_task_rows(spec)
+    state = store.committed(spec.name) if resume else None
+    version = state["version"] if state else 0
+    engine.add_task(
+        spec.name,
+        lr=spec.lr,
+        total_steps=spec.total_steps,
+        n_samples=spec.n_samples,
+        seed=spec.seed,
+        temperature=spec.temperature,
+        ppo=spec.ppo.overrides(),
+        audit_trajectories=cfg.audit.trajectories,
+        audit_max_mean_gap=cfg.audit.limit(cfg.vllm.dtype, cfg.actor.dtype),
+        **(
+            {
+                "init_adapter": str(store.adapter_dir(spec.name, version)),
+                "version": version,
+            }
+            if state
+            else {}
+        ),
+    )
+    if state:
+        logger.info(
+            f"task {spec.name}: resuming at v{version} (cursor {state['cursor']})"
+        )
+    else:
+        engine.save_adapter(spec.name, str(store.adapter_dir(spec.name, 0)))
+        store.commit(spec.name, 0, {"cursor": 0, "steps": 0})
+    workflow, kwargs = task_workflow(spec, cfg.tokenizer_path, cfg.fault, grading)
+    data = TaskData(
+        rows,
+        spec.seed,
+        tokenizer,
+        spec.max_prompt_tokens,
+        cursor=state["cursor"] if state else 0,
+    )
+    return TaskRun(
+        name=spec.name,
+        total_steps=spec.total_steps,
+        batch_size=spec.batch_size,
+        n_samples=spec.n_samples,
+        data=data,
+        workflow=workflow,
+        workflow_kwargs=kwargs,
+        kv_bytes=kv.task_bytes(spec) if kv is not None else 0,
+        priority=spec.priority,
+        start_version=version,
+    )
+
+
+class ServedRollout(RolloutBackend, Protocol):
+    """The rollout side as the stack's owners use it: the runtime's backend,
+    plus giving a task its starting adapter on the server."""
+
+    def register_task(self, task: str, version: int, path: str | Path) -> None: ...
+
+
+class TrainingStack:
+    """The scheduler, trainer pool and rollout session of one run directory."""
+
+    def __init__(self, cfg: MARLaaSConfig, title: str):
+        self.cfg = cfg
+        self.store = RunStore(cfg.run_dir, fresh=not cfg.resume)
+        self.kv = KVModel.for_config(cfg)
+        self.screen = screen.Screen(cfg, self.store.root, title=title)
+        self.timings: dict[str, float] = {}
+        self.restarts: list[dict[str, Any]] = []  # rollout-server faults
+        self.scheduler = None  # AReaL's single controller; None: in-process
+        self.engine: TrainerPool | None = None
+        self.session: RolloutSession | None = None
+        self.rollout: ServedRollout | None = None  # the supervised engine
+        self.elastic: ElasticCores | None = None  # scheduler.elastic_cpus
+        self.runtime: Runtime | None = None  # set by the caller (elastic reads it)
+        self.stats_logger = None
+
+    # -- start-up -----------------------------------------------------------------
+    def start_trainer(self) -> TrainerPool:
+        """AReaL's scheduler (if any), the trainer's cores, then the trainer pool:
+        one in-process FSDP actor, or ``scheduler.trainers`` workers."""
+        self.scheduler = make_scheduler(self.cfg, self.store.root)
+        self._pin_trainer()
+        self.screen.phase("starting the trainer")
+        cfg = self.cfg
+        t0 = time.monotonic()
+        ft_spec = FinetuneSpec(1, sum(t.total_steps for t in cfg.tasks), 1)
+        engines = []
+        if self.scheduler is None:
+            single_rank_env()
+            engine = MultiLoRAFSDPPPOActor(cfg.actor)
+            engine.create_process_group()
+            engine.initialize(None, ft_spec)
+            engines = [engine]
+        else:
+            try:
+                for i in range(cfg.scheduler.trainers):
+                    engines.append(self._trainer_worker(trainer_role(i), ft_spec))
+            except BaseException:
+                for e in engines:
+                    e.destroy()
+                raise
+        self.timings["trainer_init_s"] = time.monotonic() - t0
+        self.engine = TrainerPool(engines)
+        return self.engine
+
+    def _trainer_worker(self, role: str, ft_spec: FinetuneSpec):
+        """One trainer worker (AReaL's controller and its ranks) as ``role``."""
+        cfg = self.cfg
+        alloc = ModelAllocation.from_str(cfg.actor.backend, name="actor")
+        engine = MultiLoRAFSDPPPOActor.as_controller(cfg.actor, self.scheduler)
+        # The driver's own one-rank gloo group prints a line past logging.
+        with screen.native_stdout_muted(not cfg.verbose):
+            engine.create_process_group(parallel_strategy=alloc.parallel)
+        engine.initialize(addr=None, ft_spec=ft_spec, role=role)
+        return engine
+
+    def _pin_trainer(self) -> None:
+        """Disaggregated placement on CPU: the in-process trainer on its cores."""
+        import torch
+
+        cpus = parse_cpus(self.cfg.scheduler.trainer_cpus, "scheduler.trainer_cpus")
+        if not cpus:
+            return
+        if self.scheduler is not None:
+            logger.warning(
+                "scheduler.trainer_cpus pins only in-process engines "
+                "(scheduler.type=null); use the scheduler's placement for workers"
+            )
+            return
+        used = pin_current_process(cpus)
+        torch.set_num_threads(len(used))
+        logger.info(f"trainer pinned to cores {sorted(used)}")
+        borrow = parse_cpus(self.cfg.scheduler.elastic_cpus, "scheduler.elastic_cpus")
+        borrow &= set(range(os.cpu_count() or 1)) - used  # cores that exist here
+        # Without cores to borrow it never switches; steps still record cores.
+        self.elastic = ElasticCores(used, borrow, self._rollout_busy)
+        if borrow:
+            logger.info(f"elastic: borrows cores {sorted(borrow)} while rollouts idle")
+
+    def _rollout_busy(self) -> bool:
+        return self.runtime is None or self.runtime.rollouts_running > 0
+
+    def start_rollout(self) -> ServedRollout:
+        """The shared vLLM server (launched or attached) and the multi-LoRA
+        rollout engine, supervised: a dead server is restarted and its adapters
+        reloaded."""
+        self.screen.phase("starting the rollout server")
+        self.session = RolloutSession(self.cfg, self.store.root)
+        rollout = self.session.start(self.scheduler)
+        self.rollout = self.session.supervise(rollout, on_restart=self._on_restart)
+        self.timings["server_start_s"] = self.session.server_start_s or 0.0
+        return self.rollout
+
+    def _on_restart(self, r) -> None:
+        """A rollout-server fault, in events.jsonl and the summary."""
+        record = {
+            "fault": "server_restart",
+            "reason": r.reason,
+            "ok": r.ok,
+            "error": r.error,
+            "detect_s": r.detect_s,
+            "restart_s": r.restart_s,
+            "reload_s": r.reload_s,
+            "adapters": r.adapters,
+            "t": r.detected_at,
+        }
+        self.restarts.append(record)
+        self.store.record(record)
+
+    # -- what the runtime gets ------------------------------------------------------
+    def train_backend(self) -> TrainBackend:
+        """What the runtime trains with: the pool, sized per step when pinned."""
+        assert self.engine is not None, "start_trainer first"
+        if self.elastic is None:
+            return self.engine
+        self.elastic.install(self.engine.engines[0].model)  # in-process: one engine
+        return ElasticTrainBackend(self.engine, self.elastic)
+
+    def runtime_options(self, on_step) -> RuntimeOptions:
+        """The mode, KV-aware admission and retries, for the runtime."""
+        cfg, sched = self.cfg, self.cfg.scheduler
+        assert self.session is not None, "start_rollout first"
+        address = self.session.addresses[0] if self.session.addresses else None
+        capacity = admission.capacity(cfg, self.kv, address)
+        budget = admission.budget(cfg, capacity)
+        probe = None
+        if sched.kv_live and address and capacity:
+            probe = admission.usage_probe(address, capacity)
+        self.timings["kv_capacity_bytes"] = capacity or 0
+        logger.info(
+            f"mode={sched.mode} kv capacity={capacity} budget={budget} "
+            f"max_rolling={sched.max_rolling} live={probe is not None}"
+        )
+        return RuntimeOptions(
+            mode=Mode(sched.mode),
+            kv_budget=budget,
+            max_rolling=sched.max_rolling,
+            task_retries=sched.task_retries,
+            train_order=TrainOrder(sched.train_order),
+            rollout_timeout=cfg.rollout.request_timeout,
+            kv_probe=probe,
+            kv_poll_interval_s=sched.kv_poll_interval_s,
+            keep_adapters=cfg.fault.keep_adapters,
+            save_retries=cfg.fault.save_retries,
+            on_step=on_step,
+        )
+
+    def start_stats(self, total_steps: int) -> None:
+        """AReaL's stats logger (tensorboard/wandb/... as configured)."""
+        self.stats_logger = screen.make_stats_logger(
+            self.cfg, FinetuneSpec(1, total_steps, 1)
+        )
+
+    def log_step(self, r: dict[str, Any], stats: dict[str, float]) -> None:
+        """Per committed step: a line on the screen, and the step's metrics to
+        the stats logger."""
+        n = self.screen.step(r)
+        scalars = {
+            f"marlaas/{r['task']}/{k}": float(r[k])
+            for k in ("reward_mean", "queue_wait_s", "train_s", "version")
+        }
+        if self.stats_logger is not None:
+            self.stats_logger.commit(0, n - 1, n - 1, {**stats, **scalars})
+
+    # -- shut-down ------------------------------------------------------------------
+    def close(self) -> None:
+        if self.stats_logger is not None:
+            self.stats_logger.close()
+            self.stats_logger = None
+        IsolatedReward.shutdown_all()
+        # search.server_url=auto servers end with the run, not the interpreter.
+        stop_local_search_servers()
+        if self.session is not None:
+            self.session.stop()
+            self.session = None
+        if self.engine is not None:
+            self.engine.destroy()
+            self.engine = None
+        if self.scheduler is not None:
+            close_scheduler(self.scheduler)
+            self.scheduler = None
