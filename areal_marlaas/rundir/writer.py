@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +194,7 @@ class RunStore:
             if d.name[1:].isdigit() and int(d.name[1:]) not in keep:
                 shutil.rmtree(d, ignore_errors=True)
 
-    def _append(self, path: Path, record: dict[str, Any]) -> None:
+    def _append(self, path: Path, record: Mapping[str, Any]) -> None:
         line = json.dumps(record) + "\n"
         with self._lock, open(path, "a") as f:
             f.write(line)
@@ -214,7 +215,8 @@ class RunStore:
         """A non-interval record in events.jsonl (admission, task status)."""
         self._append(self.events_path, record)
 
-    def step(self, record: dict[str, Any]) -> None:
+    def step(self, record: Mapping[str, Any]) -> None:
+        """A committed step's line in steps.jsonl (a ``StepRecord``)."""
         self._append(self.steps_path, record)
 
     def write_summary(self, summary: dict[str, Any]) -> Path:

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from areal_marlaas.rundir.records import StepResult
+
 
 @runtime_checkable
 class RolloutBackend(Protocol):
@@ -68,7 +70,7 @@ class TrainBackend(Protocol):
 
     def trainer_of(self, task: str, /) -> int | None: ...
 
-    def train_task(self, task: str, batch: list[dict[str, Any]], /) -> dict: ...
+    def train_task(self, task: str, batch: list[dict[str, Any]], /) -> StepResult: ...
 
     def release_batch(self, batch: list[dict[str, Any]], /) -> None: ...
 

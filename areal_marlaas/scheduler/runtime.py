@@ -29,6 +29,7 @@ from typing import Any
 from areal.utils import logging
 
 from areal_marlaas import trajectory
+from areal_marlaas.rundir.records import StepRecord
 from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.scheduler.backends import RolloutBackend, TrainBackend
 from areal_marlaas.scheduler.core import (
@@ -104,7 +105,7 @@ class RuntimeOptions:
     keep_adapters: int = 0
     save_retries: int = 2
     # Called after every committed step with its steps.jsonl record and stats.
-    on_step: Callable[[dict[str, Any], dict[str, float]], None] | None = None
+    on_step: Callable[[StepRecord, dict[str, float]], None] | None = None
     # Called (from the dispatcher) when a task starts its first rollout here
     # ("running"), is held by admission ("held", reason kv|cap|barrier|turn),
     # pauses, or ends ("done", "failed", "cancelled"), with a reason.
@@ -479,11 +480,10 @@ class Runtime:
                 f"task {a.task}: the trainer committed v{new} for a batch of "
                 f"v{a.version}"
             )
-        stats = result.get("stats", {})
-        audit = result.get("audit", {})
+        stats = result["stats"]
         self._save(a.task, new, str(self.store.adapter_dir(a.task, new)))
         end = time.time()
-        record = {
+        record: StepRecord = {
             "task": a.task,
             "version": new,
             "reward_mean": float(rewards.mean()),
@@ -496,10 +496,13 @@ class Runtime:
             "t_commit": end,
             "loss": stats.get(f"marlaas/{a.task}/ppo_actor/update/actor_loss/avg"),
             "grad_norm": stats.get(f"marlaas/{a.task}/ppo_actor/update/grad_norm"),
-            **audit,
-            **result.get("placement", {}),
-            **result.get("process", {}),
+            **result["audit"],
+            **result["process"],
         }
+        placement = result.get("placement")
+        if placement is not None:
+            record["cores_mean"] = placement["cores_mean"]
+            record["borrowed_s"] = placement["borrowed_s"]
         reasons = trajectory.reward_reasons(batch)
         if reasons:
             record["reward_reasons"] = reasons

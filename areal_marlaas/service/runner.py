@@ -31,6 +31,7 @@ from areal_marlaas import admission
 from areal_marlaas.config.service import ServiceRunConfig
 from areal_marlaas.rollout.server_metrics import scrape
 from areal_marlaas.rundir.reader import task_steps
+from areal_marlaas.rundir.records import StepRecord
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
 from areal_marlaas.service import jobs as jobspec
 from areal_marlaas.service.grading import service_grader_validator
@@ -391,12 +392,12 @@ class ServiceRunner:
             with self._lock:
                 self.admitted.pop(held.task, None)
 
-    def _progress(self, r: dict[str, Any], stats: dict[str, float]) -> None:
+    def _progress(self, r: StepRecord, stats: dict[str, float]) -> None:
         self.stack.log_step(r, stats)
         held = self._job_of(r["task"])
         if held is None:
             return
-        metrics = {k: r[k] for k in STEP_METRICS if r.get(k) is not None}
+        metrics = {k: v for k in STEP_METRICS if (v := r.get(k)) is not None}
         version = r["version"]
         held.trained_tokens += int(r.get("trained_tokens") or 0)
         self.jobs.record_step(

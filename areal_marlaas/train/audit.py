@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from areal_marlaas.adapters import adapter_name
+from areal_marlaas.rundir.records import StepAudit
 from areal_marlaas.train.host import EngineHost
 from areal_marlaas.trajectory import generated_versions, served_adapters
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from areal_marlaas.train.multilora import TaskSlot
 
 # Raises AuditError when an audit (``logprob_gap``'s stats) is over the limit.
-AuditCheck = Callable[[dict[str, Any]], None]
+AuditCheck = Callable[[StepAudit], None]
 
 
 class StaleBatchError(RuntimeError):
@@ -69,11 +70,12 @@ def gap_limit(name: str, version: int, limit: float) -> AuditCheck:
     """The check of an audit against ``audit.max_mean_gap`` (0: record only)."""
     expected = adapter_name(name, version)
 
-    def check(audit: dict[str, Any]) -> None:
-        if limit and audit["audited_tokens"] and audit["logprob_gap_mean"] > limit:
+    def check(audit: StepAudit) -> None:
+        gap = audit["logprob_gap_mean"]
+        if limit and audit["audited_tokens"] and gap is not None and gap > limit:
             raise AuditError(
                 f"task {name!r} v{version}: mean |server - trainer| "
-                f"logprob gap {audit['logprob_gap_mean']:.4f} over "
+                f"logprob gap {gap:.4f} over "
                 f"{audit['audited_tokens']} tokens exceeds {limit:g} "
                 "(audit.max_mean_gap): the server did not generate with "
                 f"{expected}'s weights; refusing the batch"
@@ -84,7 +86,7 @@ def gap_limit(name: str, version: int, limit: float) -> AuditCheck:
 
 def logprob_gap(
     data: list[dict[str, Any]], recomputed: list[torch.Tensor]
-) -> dict[str, float]:
+) -> StepAudit:
     """|server - trainer| logprob of every generated token of ``data``: the
     server's logprob of token i sits at i, the trainer's at i - 1."""
     diffs = []
@@ -95,7 +97,7 @@ def logprob_gap(
     return _gap_stats(diffs)
 
 
-def _gap_stats(diffs: list[torch.Tensor]) -> dict[str, Any]:
+def _gap_stats(diffs: list[torch.Tensor]) -> StepAudit:
     if not diffs:
         return {"logprob_gap_mean": None, "logprob_gap_max": None, "audited_tokens": 0}
     d = torch.cat(diffs)
@@ -116,7 +118,7 @@ class FusedAudit(EngineHost):
 
     def _audited_update(
         self, slot: TaskSlot, data: list[dict[str, Any]], check: AuditCheck
-    ) -> dict[str, Any]:
+    ) -> StepAudit:
         """Audit the batch, then take the GRPO step; returns the audit.
 
         With one optimizer step per batch and the server's logprobs as the old

@@ -7,6 +7,8 @@ from typing import Any
 
 from areal.trainer.ppo.actor import PPOActorController
 
+from areal_marlaas.rundir.records import StepResult
+
 
 class MultiTaskActorController(PPOActorController):
     def add_task(self, name: str, **kwargs: Any) -> None:
@@ -14,7 +16,7 @@ class MultiTaskActorController(PPOActorController):
             "add_task", name, rpc_meta={"broadcast": True}, **kwargs
         )
 
-    def train_task(self, name: str, batch: list[dict[str, Any]]) -> dict[str, float]:
+    def train_task(self, name: str, batch: list[dict[str, Any]]) -> StepResult:
         # Trajectories are split across data-parallel heads; tensors still on the
         # rollout workers (RTensors) are fetched by the training workers.
         out = self._custom_function_call(

@@ -22,6 +22,8 @@ import torch
 if TYPE_CHECKING:
     from areal_marlaas.scheduler.backends import TrainBackend
 
+from areal_marlaas.rundir.records import StepPlacement, StepResult
+
 
 def _set_process_affinity(cpus: set[int]) -> None:
     """Every thread of this process (torch's OpenMP pool included) on ``cpus``."""
@@ -93,11 +95,11 @@ class ElasticCores:
         self._core_s = self._borrowed_s = 0.0
         self.adjust()
 
-    def step_end(self) -> dict[str, float]:
+    def step_end(self) -> StepPlacement:
         """What the step used: mean cores over its wall time, seconds borrowed."""
         now = self._account()
         span = now - (self._step_start if self._step_start is not None else now)
-        out = {
+        out: StepPlacement = {
             "cores_mean": self._core_s / span if span > 0 else float(len(self.own)),
             "borrowed_s": self._borrowed_s,
         }
@@ -167,7 +169,7 @@ class ElasticTrainBackend:
     def remove_task(self, task: str) -> None:
         self._engine.remove_task(task)
 
-    def train_task(self, task: str, batch: list[dict[str, Any]]) -> dict[str, Any]:
+    def train_task(self, task: str, batch: list[dict[str, Any]]) -> StepResult:
         self.cores.step_begin()
         try:
             result = self._engine.train_task(task, batch)

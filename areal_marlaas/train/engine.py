@@ -20,6 +20,7 @@ from areal.api.io_struct import FinetuneSpec
 from areal.engine.fsdp_engine import FSDPPPOActor
 from areal.utils import stats_tracker
 
+from areal_marlaas.rundir.records import StepProcess, StepResult
 from areal_marlaas.train.audit import (
     AuditError,
     FusedAudit,
@@ -129,7 +130,7 @@ class MultiLoRAFSDPPPOActor(
         if not self._lora or not all("lora_" in n for n in self._lora):
             raise RuntimeError("expected only LoRA parameters to be trainable")
 
-    def train_task(self, name: str, batch: list[dict[str, Any]]) -> dict[str, Any]:
+    def train_task(self, name: str, batch: list[dict[str, Any]]) -> StepResult:
         """One GRPO step of ``name`` on its on-policy batch; commits the task's
         next version and returns ``{"version", "stats", "audit"}``: the version
         is this engine's (the one owner of a task's version).
@@ -167,7 +168,7 @@ class MultiLoRAFSDPPPOActor(
         self._version = slot.version
         # Fresh pages this step touched (the process's: ~0 once its heap keeps
         # freed pages, keep_freed_pages).
-        process = {"page_faults": page_faults() - faults}
+        process: StepProcess = {"page_faults": page_faults() - faults}
         return {
             "version": slot.version,
             "stats": stats,

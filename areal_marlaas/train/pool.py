@@ -15,6 +15,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from areal_marlaas.rundir.records import StepResult
+
 
 def trainer_role(index: int) -> str:
     """AReaL role of trainer worker ``index``: actor, actor1, actor2, ..."""
@@ -76,7 +78,7 @@ class TrainerPool:
         finally:
             self.unplace(name)
 
-    def train_task(self, name: str, batch: list[dict[str, Any]]) -> dict[str, Any]:
+    def train_task(self, name: str, batch: list[dict[str, Any]]) -> StepResult:
         engine = self.engine_of(name)
         out = engine.train_task(name, batch)
         # Freed by the worker that fetched it (the runtime's own release call,

@@ -24,6 +24,7 @@ from areal.utils import logging as areal_logging
 
 from areal_marlaas.config import MARLaaSConfig
 from areal_marlaas.fmt import fmt
+from areal_marlaas.rundir.records import StepRecord
 
 _CONSOLE_HANDLERS = ("plainHandler", "coloredHandler", "systemHandler")
 # Set in a worker's environment (LocalScheduler spec) when the screen is quiet:
@@ -160,7 +161,7 @@ class Screen:
         with self._lock:
             self.tasks[name] = (start_version, total)
 
-    def step(self, r: dict[str, Any]) -> int:
+    def step(self, r: StepRecord) -> int:
         """One committed step; returns how many were committed so far."""
         with self._lock:
             self.commits += 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,6 +27,7 @@ from areal_marlaas.cluster import close_scheduler, make_scheduler
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
 from areal_marlaas.placement import parse_cpus, pin_current_process
 from areal_marlaas.rollout.session import RolloutSession
+from areal_marlaas.rundir.records import StepRecord
 from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.scheduler.backends import RolloutBackend, TrainBackend
 from areal_marlaas.scheduler.core import Mode, TrainOrder
@@ -263,7 +265,9 @@ class TrainingStack:
         self.elastic.install(self.engine.engines[0].model)  # in-process: one engine
         return ElasticTrainBackend(self.engine, self.elastic)
 
-    def runtime_options(self, on_step) -> RuntimeOptions:
+    def runtime_options(
+        self, on_step: Callable[[StepRecord, dict[str, float]], None]
+    ) -> RuntimeOptions:
         """The mode, KV-aware admission and retries, for the runtime."""
         cfg, sched = self.cfg, self.cfg.scheduler
         assert self.session is not None, "start_rollout first"
@@ -298,7 +302,7 @@ class TrainingStack:
             self.cfg, FinetuneSpec(1, total_steps, 1)
         )
 
-    def log_step(self, r: dict[str, Any], stats: dict[str, float]) -> None:
+    def log_step(self, r: StepRecord, stats: dict[str, float]) -> None:
         """Per committed step: a line on the screen, and the step's metrics to
         the stats logger."""
         n = self.screen.step(r)

@@ -73,7 +73,16 @@ class Trainer:
 
     def train_task(self, task, batch):
         self.version[task] = self.version.get(task, 0) + 1
-        return {"version": self.version[task] + self.skew, "stats": {}}
+        return {
+            "version": self.version[task] + self.skew,
+            "stats": {},
+            "audit": {
+                "logprob_gap_mean": None,
+                "logprob_gap_max": None,
+                "audited_tokens": 0,
+            },
+            "process": {"page_faults": 0},
+        }
 
     def save_adapter(self, task, path):
         Path(path).mkdir(parents=True, exist_ok=True)
