@@ -42,9 +42,21 @@ task placed on one; a pool of one engine holds every task):
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from areal_marlaas.rundir.records import StepResult
+
+
+class TaskStatus(StrEnum):
+    """What the runtime tells its ``on_status`` listener about a task."""
+
+    RUNNING = "running"  # its first rollout started
+    HELD = "held"  # admission holds its rollout (the reason says why)
+    PAUSED = "paused"  # stopped after a committed, published step
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 @runtime_checkable

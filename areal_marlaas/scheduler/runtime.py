@@ -31,7 +31,7 @@ from areal.utils import logging
 from areal_marlaas import trajectory
 from areal_marlaas.rundir.records import StepRecord
 from areal_marlaas.rundir.writer import RunStore
-from areal_marlaas.scheduler.backends import RolloutBackend, TrainBackend
+from areal_marlaas.scheduler.backends import RolloutBackend, TaskStatus, TrainBackend
 from areal_marlaas.scheduler.core import (
     Action,
     AdmissionError,
@@ -106,10 +106,9 @@ class RuntimeOptions:
     save_retries: int = 2
     # Called after every committed step with its steps.jsonl record and stats.
     on_step: Callable[[StepRecord, dict[str, float]], None] | None = None
-    # Called (from the dispatcher) when a task starts its first rollout here
-    # ("running"), is held by admission ("held", reason kv|cap|barrier|turn),
-    # pauses, or ends ("done", "failed", "cancelled"), with a reason.
-    on_status: Callable[[str, str, str], None] | None = None
+    # Called (from the dispatcher) when a task's TaskStatus changes, with a
+    # reason (for HELD the admission's: kv|cap|barrier|turn).
+    on_status: Callable[[str, TaskStatus, str], None] | None = None
     # Called after a new version is live on the server.
     on_publish: Callable[[str, int], None] | None = None
     # Tasks that may exist at once (thread pool size); 0 = the tasks given.
@@ -274,7 +273,7 @@ class Runtime:
             except AdmissionError as e:
                 self._reject(t, str(e))
                 if self.options.on_status is not None:
-                    self.options.on_status(t.name, "failed", str(e))
+                    self.options.on_status(t.name, TaskStatus.FAILED, str(e))
                 if self.options.release_finished:  # never runs: free what it holds
                     self._release(t.name)
                 return
@@ -334,7 +333,7 @@ class Runtime:
         for action in actions:
             self._dispatch(action)
 
-    def _status(self, task: str, status: str, reason: str = "") -> None:
+    def _status(self, task: str, status: TaskStatus, reason: str = "") -> None:
         if self.options.on_status is not None:
             try:
                 self.options.on_status(task, status, reason)
@@ -346,12 +345,12 @@ class Runtime:
             self._admission(action.task, action.version, "admit")
             if action.task not in self._started:
                 self._started.add(action.task)
-                self._status(action.task, "running")
+                self._status(action.task, TaskStatus.RUNNING)
             self._workers.submit(self._guard, action.task, self._rollout, action)
         elif isinstance(action, HoldRollout):
             self.holds += 1
             self._admission(action.task, action.version, "hold", action.reason)
-            self._status(action.task, "held", action.reason)
+            self._status(action.task, TaskStatus.HELD, action.reason)
         elif isinstance(action, StartTrain):
             self._trainers[action.trainer].submit(
                 self._guard, action.task, self._train, action
@@ -360,13 +359,17 @@ class Runtime:
             self._workers.submit(self._guard, action.task, self._publish, action)
         elif isinstance(action, TaskPaused):
             self.store.record(
-                {"task": action.task, "status": "paused", "version": action.version}
+                {
+                    "task": action.task,
+                    "status": TaskStatus.PAUSED,
+                    "version": action.version,
+                }
                 | {"t": time.time()}
             )
-            self._status(action.task, "paused")
+            self._status(action.task, TaskStatus.PAUSED)
         elif isinstance(action, FinishTask):
-            state = "failed" if action.failed else "done"
-            state = "cancelled" if action.cancelled else state
+            state = TaskStatus.FAILED if action.failed else TaskStatus.DONE
+            state = TaskStatus.CANCELLED if action.cancelled else state
             if action.failed:
                 self.tasks[action.task].error = action.reason
                 logger.error(f"task {action.task} failed: {action.reason}")

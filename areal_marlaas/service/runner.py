@@ -32,6 +32,7 @@ from areal_marlaas.config.service import ServiceRunConfig
 from areal_marlaas.rollout.server_metrics import scrape
 from areal_marlaas.rundir.reader import task_steps
 from areal_marlaas.rundir.records import StepRecord
+from areal_marlaas.scheduler.backends import TaskStatus
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
 from areal_marlaas.service import jobs as jobspec
 from areal_marlaas.service.grading import service_grader_validator
@@ -337,12 +338,12 @@ class ServiceRunner:
         with self._lock:
             return self.admitted.get(task)
 
-    def _on_status(self, task: str, status: str, reason: str) -> None:
+    def _on_status(self, task: str, status: TaskStatus, reason: str) -> None:
         held = self._job_of(task)
         if held is None:
             return
         job_id = held.job_id
-        if status == "held":
+        if status == TaskStatus.HELD:
             if not held.started and not held.waiting:
                 held.waiting = True
                 why = {"kv": "the server's KV-cache budget is full"}.get(
@@ -351,19 +352,19 @@ class ServiceRunner:
                 self.jobs.add_event(
                     job_id, f"Waiting to start: {why}; it starts when a slot frees"
                 )
-        elif status == "running":
+        elif status == TaskStatus.RUNNING:
             held.started = True
             if self.jobs.job(job_id).status == QUEUED:
                 self.jobs.set_status(job_id, RUNNING)
-        elif status == "paused":
+        elif status == TaskStatus.PAUSED:
             if held.paused_by_tenant and not self.stop.is_set():
                 self.jobs.set_status(job_id, PAUSED, "Paused after a committed step")
-        elif status == "done":
+        elif status == TaskStatus.DONE:
             self._finish(held)
-        elif status in ("failed", "cancelled"):
+        elif status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
             with self._lock:
                 self.admitted.pop(task, None)
-            if status == "cancelled":
+            if status == TaskStatus.CANCELLED:
                 self.jobs.set_status(job_id, CANCELLED)
             else:
                 self.jobs.fail_job(job_id, "training_failed", reason or "failed")
