@@ -12,6 +12,8 @@ from areal.api.io_struct import ModelRequest
 
 from areal_marlaas.tasks.answer_judge import JudgeClient
 
+from .test_rollout_multilora import engine as engine  # noqa: F401
+
 pytestmark = pytest.mark.vllm
 
 
@@ -32,35 +34,18 @@ def test_judge_against_real_vllm_returns_zero_or_one(vllm_server, model_path, ro
 
 
 def test_real_server_stops_at_stop_string_and_returns_its_tokens(
-    vllm_server, model_path, distinct_adapters, tokenizer
+    engine,  # noqa: F811
+    distinct_adapters,
+    tokenizer,
 ):
-    from areal.api.cli_args import InferenceEngineConfig
-
-    from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
-
-    cfg = InferenceEngineConfig(
-        experiment_name="test",
-        trial_name="stop",
-        backend="vllm:d1",
-        use_lora=True,
-        setup_timeout=60,
-        request_timeout=300,
+    engine.register_task("stoptest", 0, distinct_adapters[0])
+    prompt = "".join(f"<search>query {i}</search>\n" for i in range(12))
+    gconfig = GenerationHyperparameters(
+        max_new_tokens=32, greedy=True, lora_name="stoptest", stop=["</search>"]
     )
-    engine = MultiLoRAvLLMEngine(cfg)
-    engine.initialize(addr=vllm_server.address, train_data_parallel_size=1)
-    try:
-        engine.register_task("stoptest", 0, distinct_adapters[0])
-        prompt = "".join(f"<search>query {i}</search>\n" for i in range(12))
-        gconfig = GenerationHyperparameters(
-            max_new_tokens=32, greedy=True, lora_name="stoptest", stop=["</search>"]
-        )
-        req = ModelRequest(
-            input_ids=tokenizer.encode(prompt + "<search>"), gconfig=gconfig
-        )
+    req = ModelRequest(input_ids=tokenizer.encode(prompt + "<search>"), gconfig=gconfig)
 
-        resp = asyncio.run(engine.agenerate(req))
-    finally:
-        engine.destroy()
+    resp = asyncio.run(engine.agenerate(req))
 
     text = tokenizer.decode(resp.output_tokens)
     # Generation ended at the stop string, and the tokens that spell it came back.
