@@ -25,10 +25,15 @@ def test_estimate_matches_server_reported_kv_for_one_running_batch(
     # 9 blocks + 1 token of prompt, then block_size - 1 new tokens = exactly 10
     # blocks. Usage then sits at its peak through every decode step, so a poll
     # can't miss it however slowly the machine runs (a short prompt peaks only in
-    # the last few steps, which a loaded CI machine's poller missed).
+    # the last few steps, which a loaded CI machine's poller missed). Every
+    # sequence has its own prompt: samples of one prompt that the server happens
+    # to schedule in different steps share its prefix-cached blocks, so their
+    # usage depends on timing (the estimate is then an upper bound, not exact).
     bs = info.block_size
-    prompt_len, new_tokens, prompts, samples = 9 * bs + 1, bs - 1, 2, 4
-    prompt_ids = [[1000 + p + i for i in range(prompt_len)] for p in range(prompts)]
+    prompt_len, new_tokens, prompts, samples = 9 * bs + 1, bs - 1, 8, 1
+    prompt_ids = [
+        [1000 + 37 * p + i for i in range(prompt_len)] for p in range(prompts)
+    ]
     estimate = task_kv_bytes(kv, prompt_len, new_tokens, prompts, samples)
 
     peak = 0.0
