@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 # MetadataErrors' boolean flags, as the SDK names them on the wire.
 ERROR_FLAGS = (
@@ -49,12 +49,27 @@ class LeafResult:
         return cls(0.0, {flag: message}, dict(details))
 
 
+class GraderGrade(TypedDict):
+    """One grader's verdict on one sample, as a trajectory carries it."""
+
+    name: str  # the grader's name (a multi's sub-grader: its key)
+    type: str
+    score: float
+    errors: list[str]  # the ERROR_FLAGS it raised
+    seconds: float
+    prompt_tokens: NotRequired[int]  # a model grader's usage
+    completion_tokens: NotRequired[int]
+
+
 @dataclass
 class GraderResult:
     reward: float
     sub_rewards: dict[str, float]
     metadata: dict[str, Any]
     token_usage_per_model: dict[str, dict[str, int]] = field(default_factory=dict)
+    # One entry per grader that scored the sample (each sub-grader of a multi,
+    # else the grader itself): what a step's metrics report per grader.
+    per_grader: list[GraderGrade] = field(default_factory=list)
 
     @property
     def errors(self) -> dict[str, Any]:

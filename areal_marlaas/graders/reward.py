@@ -11,22 +11,28 @@ sandbox from that worker.
 from __future__ import annotations
 
 from areal_marlaas.graders.context import GradingContext
+from areal_marlaas.graders.result import GraderGrade
 from areal_marlaas.graders.runner import build_sample, run_grader_sync
 from areal_marlaas.graders.spec import Grader, parse_grader
 
 
 class Score(float):
-    """A reward with the reason it is what it is ("" when grading had no error)."""
+    """A reward with the reason it is what it is ("" when grading had no error)
+    and each grader's verdict (a multi grader's sub-graders one by one)."""
 
     reason: str
+    grades: list[GraderGrade]
 
-    def __new__(cls, value: float, reason: str = "") -> Score:
+    def __new__(
+        cls, value: float, reason: str = "", grades: list[GraderGrade] | None = None
+    ) -> Score:
         obj = super().__new__(cls, value)
         obj.reason = reason
+        obj.grades = list(grades or [])
         return obj
 
     def __reduce__(self):
-        return (Score, (float(self), self.reason))
+        return (Score, (float(self), self.reason, self.grades))
 
     def __repr__(self) -> str:
         return f"Score({float(self)!r}, reason={self.reason!r})"
@@ -67,4 +73,4 @@ class GraderReward:
     ) -> Score:
         grader, ctx = self._load()
         result = run_grader_sync(grader, build_sample(completions), row, ctx)
-        return Score(result.reward, result.reason)
+        return Score(result.reward, result.reason, result.per_grader)

@@ -26,6 +26,7 @@ from areal_marlaas.graders.errors import GraderError
 from areal_marlaas.graders.formula import FormulaError
 from areal_marlaas.graders.result import (
     DETAIL_FIELDS,
+    GraderGrade,
     GraderResult,
     LeafResult,
     empty_errors,
@@ -399,6 +400,7 @@ def _compose(grader: Grader, leaves: dict[str, LeafResult]) -> GraderResult:
         reward, sub, scores = leaf.score, {}, {}
     if messages:
         errors["messages"] = messages
+    per_grader = [_grade(key, g, leaves[key]) for key, g in _leaf_graders(grader)]
     metadata = {
         "name": grader.name,
         "type": grader.type,
@@ -408,7 +410,27 @@ def _compose(grader: Grader, leaves: dict[str, LeafResult]) -> GraderResult:
         "token_usage": token_usage,
         "sampled_model_name": sampled,
     }
-    return GraderResult(reward, sub, metadata, usage_per_model)
+    return GraderResult(reward, sub, metadata, usage_per_model, per_grader)
+
+
+def _leaf_graders(grader: Grader) -> list[tuple[str, Grader]]:
+    if isinstance(grader, MultiGrader):
+        return list(grader.graders.items())
+    return [(grader.name, grader)]
+
+
+def _grade(key: str, g: Grader, leaf: LeafResult) -> GraderGrade:
+    grade: GraderGrade = {
+        "name": key,
+        "type": g.type,
+        "score": leaf.score,
+        "errors": sorted(leaf.errors),
+        "seconds": leaf.seconds,
+    }
+    if leaf.token_usage is not None:
+        grade["prompt_tokens"] = int(leaf.token_usage.get("prompt_tokens", 0))
+        grade["completion_tokens"] = int(leaf.token_usage.get("completion_tokens", 0))
+    return grade
 
 
 async def grade_batch(
@@ -423,11 +445,7 @@ async def grade_batch(
     items = [dict(i or {}) for _, i in pairs]
     if not pairs:
         return []
-    leaves = (
-        dict(grader.graders)
-        if isinstance(grader, MultiGrader)
-        else {grader.name: grader}
-    )
+    leaves = dict(_leaf_graders(grader))
     needs_http = any(
         isinstance(g, ScoreModelGrader)
         or (isinstance(g, TextSimilarityGrader) and g.evaluation_metric == "cosine")

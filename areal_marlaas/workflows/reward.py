@@ -149,6 +149,7 @@ class IsolatedReward:
         reason = getattr(value, "reason", "")
         if reason:  # a grader's Score: keep why it scored what it did
             record_reward_reason(reason)
+        record_reward_grades(getattr(value, "grades", None) or [])
         return reward
 
 
@@ -173,3 +174,26 @@ def record_reward_reason(reason: str) -> None:
     reasons = _REASONS.get()
     if reasons is not None:
         reasons.append(reason)
+
+
+# Each grader's verdict on the samples of the episode running in this asyncio task
+# (a grader's Score carries them), for per-grader step metrics.
+_GRADES: contextvars.ContextVar[list[dict] | None] = contextvars.ContextVar(
+    "marlaas_reward_grades", default=None
+)
+
+
+@contextlib.contextmanager
+def collect_reward_grades() -> Iterator[list[dict]]:
+    grades: list[dict] = []
+    token = _GRADES.set(grades)
+    try:
+        yield grades
+    finally:
+        _GRADES.reset(token)
+
+
+def record_reward_grades(grades: list) -> None:
+    out = _GRADES.get()
+    if out is not None:
+        out.extend(dict(g) for g in grades)

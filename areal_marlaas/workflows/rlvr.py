@@ -14,7 +14,11 @@ from transformers import PreTrainedTokenizerFast
 from areal_marlaas.rollout.seeding import seeded_sampling
 from areal_marlaas.trajectory import collect_served_adapters, generated_versions
 from areal_marlaas.workflows.base import TaskWorkflow, grader_reward
-from areal_marlaas.workflows.reward import IsolatedReward, collect_reward_reasons
+from areal_marlaas.workflows.reward import (
+    IsolatedReward,
+    collect_reward_grades,
+    collect_reward_reasons,
+)
 
 if TYPE_CHECKING:
     from areal_marlaas.config import FaultToleranceConfig, TaskSpec
@@ -88,6 +92,7 @@ class MultiTaskRLVRWorkflow(TaskWorkflow, RLVRWorkflow):
             seeded_sampling(self.sampling_seed),
             collect_served_adapters() as served,
             collect_reward_reasons() as reasons,
+            collect_reward_grades() as grades,
         ):
             # AReaL's annotation says tensors only; a trajectory also carries
             # the keys set below.
@@ -103,4 +108,5 @@ class MultiTaskRLVRWorkflow(TaskWorkflow, RLVRWorkflow):
         traj["task"] = self.task
         traj["served_adapters"] = list(served)
         traj["reward_reasons"] = list(reasons)
+        traj["grades"] = list(grades)
         return traj

@@ -337,6 +337,30 @@ def test_multi_sub_grader_error_scores_that_key_zero():
     assert "item has no key 'missing'" in res.errors["messages"]["a"]
 
 
+def test_multi_reports_each_sub_grader_with_its_errors():
+    spec = {
+        "type": "multi",
+        "name": "m",
+        "graders": {"a": sc("eq", ref="{{ item.missing }}"), "b": ts("rouge_1")},
+        "calculate_output": "a + b",
+    }
+    res = grade(spec, "abc", {"ref": "abc"})
+    by_name = {g["name"]: g for g in res.per_grader}
+    assert set(by_name) == {"a", "b"}
+    assert (by_name["a"]["type"], by_name["a"]["score"]) == ("string_check", 0.0)
+    assert by_name["a"]["errors"] == ["invalid_variable_error"]
+    assert (by_name["b"]["type"], by_name["b"]["score"]) == ("text_similarity", 1.0)
+    assert by_name["b"]["errors"] == []
+
+
+def test_a_score_carries_the_grades_across_processes():
+    reward = GraderReward(multi({"a": sc("eq"), "b": sc("like")}, "a + b"))
+    with ProcessPoolExecutor(1) as pool:
+        score = pool.submit(reward, "p", "abc", ref="abc").result()
+    assert isinstance(score, Score) and float(score) == 2.0
+    assert [(g["name"], g["score"]) for g in score.grades] == [("a", 1.0), ("b", 1.0)]
+
+
 # --- validation ----------------------------------------------------------------
 
 
