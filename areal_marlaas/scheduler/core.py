@@ -43,6 +43,15 @@ out (or the server's reported usage, whichever is larger) plus its own stays wit
 priority, then submission order, and a task that does not fit holds back those
 behind it (no overtaking, so a large task is never starved).
 
+Evals: a task submitted with ``eval_every`` gets a ``StartEval`` after every
+``eval_every``-th committed version is published, and after its last. An eval is
+rollout-side work: it starts beside the task's next rollout (both use the version
+just published, so training stays on-policy), never holds a train step, and its
+KV counts against the budget while it runs; evals waiting for room go first, in
+order, and rollouts do not overtake them. A task whose steps are all done
+finishes when its last eval returns (``EvalDone``); an ended task's queued evals
+are dropped.
+
 Cost: the decisions read counts kept as phases change (``tasks.TaskTable``): the
 running tasks per version, those publishing and those still to roll out; the
 waiting tasks in admission order, per version and per hold reason. An admission
@@ -55,12 +64,14 @@ second).
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from areal_marlaas.scheduler.events import (
     Action,
     Cancel,
+    EvalDone,
     Event,
     FinishTask,
     HoldReason,
@@ -70,6 +81,7 @@ from areal_marlaas.scheduler.events import (
     PublishDone,
     Resume,
     RolloutDone,
+    StartEval,
     StartPublish,
     StartRollout,
     StartTrain,
@@ -93,6 +105,7 @@ __all__ = [
     "Action",
     "AdmissionError",
     "Cancel",
+    "EvalDone",
     "Event",
     "FinishTask",
     "HoldReason",
@@ -106,6 +119,7 @@ __all__ = [
     "Resume",
     "RolloutDone",
     "SchedulerCore",
+    "StartEval",
     "StartPublish",
     "StartRollout",
     "StartTrain",
@@ -159,6 +173,10 @@ class SchedulerCore:
     train_queue: TrainQueue = field(init=False)
     training: dict[str, int] = field(default_factory=dict, init=False)  # -> trainer
     live_kv: int = field(default=0, init=False)  # what the server last reported
+    # Evals waiting for KV room, oldest first, and the KV of those running.
+    eval_queue: deque[tuple[str, int]] = field(default_factory=deque, init=False)
+    eval_kv: int = field(default=0, init=False)
+    evals_running: dict[tuple[str, int], int] = field(default_factory=dict, init=False)
     table: TaskTable = field(default_factory=TaskTable, init=False, repr=False)
 
     def __post_init__(self):
@@ -183,8 +201,8 @@ class SchedulerCore:
         return sorted(self.table.rolling, key=lambda n: self.tasks[n].order)
 
     def kv_in_use(self) -> int:
-        """Estimated KV of the batches rolling out now."""
-        return self.table.rolling_kv
+        """Estimated KV of the batches rolling out and the evals running now."""
+        return self.table.rolling_kv + self.eval_kv
 
     def kv_used(self) -> int:
         """What admission counts as used: the estimate or the server's report."""
@@ -200,6 +218,8 @@ class SchedulerCore:
         task = self.tasks.get(event.task)
         if task is None:
             raise ProtocolError(f"event for unknown task: {event}")
+        if isinstance(event, EvalDone):
+            return self._eval_done(task, event.version)
         if not task.active:
             return []  # late news about a task that already ended
         if isinstance(event, Cancel | Pause | Resume):
@@ -230,6 +250,9 @@ class SchedulerCore:
             return [StartPublish(task.name, task.version), *self._next_train()]
         if isinstance(event, PublishDone):
             self._expect(task, Phase.PUBLISH, event.version)
+            if task.eval_due(event.version):
+                task.evals += 1
+                self.eval_queue.append((task.name, event.version))
             return self._after_publish(task)
         raise ProtocolError(f"unknown event {event!r}")
 
@@ -257,7 +280,15 @@ class SchedulerCore:
             priority=event.priority,
             order=len(self.tasks),
             trainer=event.trainer,
+            eval_every=event.eval_every,
+            eval_kv_bytes=event.eval_kv_bytes,
         )
+        if self.kv_budget is not None and event.eval_kv_bytes > self.kv_budget:
+            raise AdmissionError(
+                f"task {event.task!r}: one eval needs "
+                f"{event.eval_kv_bytes / 2**20:.1f} MiB of KV cache but the budget "
+                f"is {self.kv_budget / 2**20:.1f} MiB (lower eval_samples)"
+            )
         task.steps_done = event.version  # one committed version per step
         self.tasks[event.task] = task
         self.table.add(task)
@@ -265,7 +296,11 @@ class SchedulerCore:
 
     def _after_publish(self, task: TaskState) -> list[Action]:
         actions: list[Action] = []
-        if task.steps_done >= task.total_steps:
+        if task.steps_done >= task.total_steps and task.evals:
+            # Done training; it finishes when its last eval returns.
+            self.table.move(task, Phase.EVAL)
+            actions += self._next_train()
+        elif task.steps_done >= task.total_steps:
             self.table.move(task, Phase.DONE)
             actions.append(FinishTask(task.name))
             # A finished task can release a sync barrier or a single-task turn.
@@ -313,6 +348,7 @@ class SchedulerCore:
 
     def _cancel(self, task: TaskState) -> list[Action]:
         self._drop_batch(task)
+        self._drop_evals(task)
         self.table.move(task, Phase.CANCELLED)  # frees its KV and train slot
         task.stop = Stop.NONE
         return [
@@ -320,6 +356,42 @@ class SchedulerCore:
             *self._next_train(),
             *self._admit(),
         ]
+
+    # -- evals ------------------------------------------------------------------
+    def _eval_done(self, task: TaskState, version: int) -> list[Action]:
+        kv = self.evals_running.pop((task.name, version), None)
+        if kv is None:
+            raise ProtocolError(f"task {task.name!r}: no eval of v{version} running")
+        self.eval_kv -= kv
+        actions: list[Action] = []
+        if task.active:
+            task.evals -= 1
+            if task.phase is Phase.EVAL and not task.evals:
+                self.table.move(task, Phase.DONE)
+                actions.append(FinishTask(task.name))
+        return [*actions, *self._admit()]
+
+    def _drop_evals(self, task: TaskState) -> None:
+        """An ended task's queued evals go; running ones return on their own."""
+        if task.evals:
+            self.eval_queue = deque(e for e in self.eval_queue if e[0] != task.name)
+            task.evals = 0
+
+    def _start_evals(self, used: int) -> tuple[list[Action], int, bool]:
+        """Start queued evals while they fit the KV budget, oldest first; the
+        rollouts wait behind one that does not (no overtaking)."""
+        starts: list[Action] = []
+        while self.eval_queue:
+            name, version = self.eval_queue[0]
+            kv = self.tasks[name].eval_kv_bytes
+            if self.kv_budget is not None and used + kv > self.kv_budget:
+                return starts, used, True
+            self.eval_queue.popleft()
+            self.evals_running[(name, version)] = kv
+            self.eval_kv += kv
+            used += kv
+            starts.append(StartEval(name, version))
+        return starts, used, False
 
     # -- admission --------------------------------------------------------------
     def _turn(self) -> list[Key]:
@@ -342,14 +414,17 @@ class SchedulerCore:
         whose reason changes, not every waiting task (the sorted keys of the
         table locate them)."""
         table = self.table
+        evals, used, eval_blocked = self._start_evals(self.kv_used())
         if not table.waiting:
-            return []
-        used = self.kv_used()
+            return evals
         rolling = len(table.rolling)
         starts: list[Key] = []
         blocked: HoldReason | None = None  # a resource hold: nobody behind overtakes
         block_at: Key | None = None
-        for key in self._turn():
+        turn = self._turn()
+        if eval_blocked and turn:
+            blocked, block_at = HoldReason.KV, turn[0]
+        for key in [] if eval_blocked else turn:
             kv_bytes = table.task(key).kv_bytes
             if self.max_rolling is not None and rolling >= self.max_rolling:
                 blocked = HoldReason.CAP
@@ -384,7 +459,7 @@ class SchedulerCore:
             table.move(task, held=reason)
             actions.append((key, HoldRollout(task.name, task.version, reason)))
         actions.sort(key=lambda ka: ka[0])  # admission order, as one pass decides
-        return [a for _, a in actions]
+        return [*evals, *(a for _, a in actions)]
 
     # -- training ---------------------------------------------------------------
     def _may_train(self, task: TaskState) -> bool:
@@ -449,6 +524,7 @@ class SchedulerCore:
 
     def _fail(self, task: TaskState, reason: str) -> list[Action]:
         self._drop_batch(task)
+        self._drop_evals(task)
         self.table.move(task, Phase.FAILED)  # frees its KV and train slot
         task.reason = reason
         return [

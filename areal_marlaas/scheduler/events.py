@@ -28,6 +28,10 @@ class Submitted:
     # The trainer holding the task's weights and optimizer state: its steps run
     # there only. None: any free trainer (state that moves with the batch).
     trainer: int | None = None
+    # Evaluate every eval_every-th committed version and the last (0: never);
+    # an eval's KV footprint counts against the budget like a rollout's.
+    eval_every: int = 0
+    eval_kv_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,14 @@ class TrainDone:
 
 @dataclass(frozen=True)
 class PublishDone:
+    task: str
+    version: int
+
+
+@dataclass(frozen=True)
+class EvalDone:
+    """An eval of ``version`` returned (done or failed: it never fails the task)."""
+
     task: str
     version: int
 
@@ -98,6 +110,7 @@ Event = (
     | RolloutDone
     | TrainDone
     | PublishDone
+    | EvalDone
     | TaskError
     | TaskFailed
     | KVUsage
@@ -123,6 +136,16 @@ class StartTrain:
 
 @dataclass(frozen=True)
 class StartPublish:
+    task: str
+    version: int
+
+
+@dataclass(frozen=True)
+class StartEval:
+    """Evaluate the task's committed, published ``version`` on its held-out rows:
+    rollout-side work beside the task's next rollout (same adapter version), never
+    in a train step's way."""
+
     task: str
     version: int
 
@@ -155,5 +178,11 @@ class HoldRollout:
 
 
 Action = (
-    StartRollout | StartTrain | StartPublish | FinishTask | HoldRollout | TaskPaused
+    StartRollout
+    | StartTrain
+    | StartPublish
+    | StartEval
+    | FinishTask
+    | HoldRollout
+    | TaskPaused
 )

@@ -19,6 +19,7 @@ class Phase(StrEnum):
     TRAIN = "train"
     PUBLISH = "publish"
     PAUSED = "paused"  # stopped after a committed, published version
+    EVAL = "eval"  # every step done; its last evals still running
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -54,6 +55,9 @@ class TaskState:
     held: HoldReason | None = None  # why it waits, once a HoldRollout was emitted
     stop: Stop = Stop.NONE
     trainer: int | None = None  # see Submitted.trainer
+    eval_every: int = 0  # see Submitted.eval_every
+    eval_kv_bytes: int = 0
+    evals: int = 0  # evals queued or running
 
     @property
     def active(self) -> bool:
@@ -62,8 +66,15 @@ class TaskState:
     @property
     def running(self) -> bool:
         """Whether the modes' turns and barriers wait for it (a paused task is
-        left out until it resumes)."""
-        return self.phase not in _ENDED and self.phase is not Phase.PAUSED
+        left out until it resumes, a task whose evals alone remain for good)."""
+        return self.phase not in (*_ENDED, Phase.PAUSED, Phase.EVAL)
+
+    def eval_due(self, version: int) -> bool:
+        """Whether committed ``version`` gets an eval: every ``eval_every``-th
+        and the last."""
+        if self.eval_every <= 0 or version <= self.start_version:
+            return False
+        return version % self.eval_every == 0 or version >= self.total_steps
 
     @property
     def key(self) -> Key:
@@ -141,8 +152,8 @@ class TaskTable:
         """What ``t`` counts in (its version: in the counts per version)."""
         if not t.active:
             return set()
-        if t.phase is Phase.PAUSED:
-            return {("live",)}
+        if t.phase in (Phase.PAUSED, Phase.EVAL):
+            return {("live",)}  # no mode's turn or barrier waits for it
         v = t.version
         shares = {("live",), ("running",), ("version", v)}
         if t.phase is Phase.PUBLISH:

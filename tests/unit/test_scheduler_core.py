@@ -10,13 +10,17 @@ from hypothesis import strategies as st
 
 from areal_marlaas.scheduler.core import (
     AdmissionError,
+    Cancel,
+    EvalDone,
     FinishTask,
+    HoldReason,
     HoldRollout,
     KVUsage,
     ProtocolError,
     PublishDone,
     RolloutDone,
     SchedulerCore,
+    StartEval,
     StartPublish,
     StartRollout,
     StartTrain,
@@ -42,6 +46,7 @@ def drive(
     check=None,
     errors=None,
     placed=None,
+    eval_every=0,
 ):
     """Complete in-flight actions in a random order; check invariants throughout.
 
@@ -55,7 +60,16 @@ def drive(
     for task, n in steps.items():
         kv_bytes = (kv or {}).get(task, 0)
         trainer = (placed or {}).get(task)
-        pending += core.handle(Submitted(task, n, kv_bytes=kv_bytes, trainer=trainer))
+        pending += core.handle(
+            Submitted(
+                task,
+                n,
+                kv_bytes=kv_bytes,
+                trainer=trainer,
+                eval_every=eval_every,
+                eval_kv_bytes=kv_bytes,
+            )
+        )
     while True:
         pending = [a for a in pending if not isinstance(a, HoldRollout)]
         if not pending:
@@ -82,13 +96,19 @@ def drive(
             event = RolloutDone(action.task, action.version)
         elif isinstance(action, StartTrain):
             event = TrainDone(action.task, action.version + 1)
+        elif isinstance(action, StartEval):
+            # Beside its task's next rollout, at the version last published.
+            assert action.version <= core.tasks[action.task].version
+            event = EvalDone(action.task, action.version)
         else:
             event = PublishDone(action.task, action.version)
         pending += core.handle(event)
         trains = [a for a in pending if isinstance(a, StartTrain)]
         assert len(trains) <= core.trainers  # serialized trainer(s)
         per_task = [
-            a.task for a in pending if not isinstance(a, FinishTask | HoldRollout)
+            a.task
+            for a in pending
+            if not isinstance(a, FinishTask | HoldRollout | StartEval)
         ]
         assert len(per_task) == len(set(per_task))  # one batch in flight per task
         if core.kv_budget is not None:
@@ -516,3 +536,105 @@ def test_retried_errors_within_the_limit_still_finish_every_task(seed, mode, err
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="scheduler mode must be one of"):
         SchedulerCore(mode="fast")
+
+
+# -- evals -----------------------------------------------------------------------
+
+
+def finish(core: SchedulerCore, task: str, version: int) -> list:
+    """Roll out, train and publish ``task`` at ``version``: the publish's actions."""
+    core.handle(RolloutDone(task, version))
+    core.handle(TrainDone(task, version + 1))
+    return core.handle(PublishDone(task, version + 1))
+
+
+def test_an_eval_runs_beside_the_next_rollout_and_the_last_one_ends_the_task():
+    core = SchedulerCore()
+    assert core.handle(Submitted("a", 3, eval_every=2)) == [StartRollout("a", 0)]
+    assert finish(core, "a", 0) == [StartRollout("a", 1)]  # v1: no eval
+    assert finish(core, "a", 1) == [StartEval("a", 2), StartRollout("a", 2)]
+    assert finish(core, "a", 2) == [StartEval("a", 3)]  # the last version
+    assert core.tasks["a"].phase.value == "eval" and not core.finished()
+    assert core.handle(EvalDone("a", 2)) == []
+    assert core.handle(EvalDone("a", 3)) == [FinishTask("a")]
+    assert core.finished()
+
+
+def test_an_eval_that_does_not_fit_waits_and_rollouts_do_not_overtake_it():
+    core = SchedulerCore(kv_budget=10)
+    core.handle(Submitted("a", 2, kv_bytes=6, eval_every=1, eval_kv_bytes=6))
+    core.handle(Submitted("b", 2, kv_bytes=4))
+    core.handle(RolloutDone("a", 0))
+    core.handle(TrainDone("a", 1))
+    # b rolls out (4); a's eval (6) fits beside it, a's next rollout does not.
+    assert core.handle(PublishDone("a", 1)) == [
+        StartEval("a", 1),
+        HoldRollout("a", 1, HoldReason.KV),
+    ]
+    assert core.kv_in_use() == 10
+    assert core.handle(RolloutDone("b", 0)) == [StartTrain("b", 0, 0)]
+    assert core.handle(EvalDone("a", 1)) == [StartRollout("a", 1)]
+
+
+def test_a_queued_eval_holds_later_rollouts_back():
+    core = SchedulerCore(kv_budget=10)
+    core.handle(Submitted("a", 2, kv_bytes=4, eval_every=1, eval_kv_bytes=8))
+    core.handle(Submitted("b", 2, kv_bytes=4))
+    core.handle(RolloutDone("a", 0))
+    core.handle(TrainDone("a", 1))
+    out = core.handle(PublishDone("a", 1))  # b rolls out: 4 + 8 > 10
+    assert StartEval("a", 1) not in out
+    assert out == [HoldRollout("a", 1, HoldReason.KV)]
+    # b's KV frees: the eval goes; a's rollout (4 + 8 > 10) still waits.
+    assert core.handle(RolloutDone("b", 0)) == [
+        StartTrain("b", 0, 0),
+        StartEval("a", 1),
+    ]
+
+
+def test_cancel_drops_a_queued_eval_and_a_running_one_frees_its_kv():
+    core = SchedulerCore(kv_budget=10)
+    core.handle(Submitted("a", 3, kv_bytes=4, eval_every=1, eval_kv_bytes=4))
+    finish(core, "a", 0)  # eval v1 and rollout v1 both run
+    assert core.kv_in_use() == 8
+    core.handle(Cancel("a"))
+    assert core.handle(RolloutDone("a", 1))[0].cancelled
+    assert core.handle(EvalDone("a", 1)) == []
+    assert core.kv_in_use() == 0 and core.finished()
+    with pytest.raises(ProtocolError, match="no eval of v1"):
+        core.handle(EvalDone("a", 1))
+
+
+def test_an_eval_larger_than_the_budget_is_refused_at_submission():
+    with pytest.raises(AdmissionError, match="lower eval_samples"):
+        SchedulerCore(kv_budget=10).handle(Submitted("a", 1, eval_kv_bytes=11))
+
+
+def test_a_resumed_task_does_not_evaluate_the_version_it_resumed_at():
+    core = SchedulerCore()
+    assert core.handle(Submitted("a", 4, version=2, eval_every=2)) == [
+        StartRollout("a", 2)
+    ]
+    assert finish(core, "a", 2) == [StartRollout("a", 3)]
+    assert finish(core, "a", 3) == [StartEval("a", 4)]
+
+
+@pytest.mark.parametrize("mode", ["async", "sync", "sequential"])
+@given(steps=TASK_STEPS, seed=SEEDS, every=st.integers(1, 3))
+@settings(max_examples=60, deadline=None)
+def test_evals_any_event_order_every_due_version_once_and_every_task_ends(
+    mode, steps, seed, every
+):
+    core = SchedulerCore(mode=mode, kv_budget=12)
+    kv = {t: 5 for t in steps}
+    log, _ = drive(core, steps, seed, kv=kv, eval_every=every)
+    evals = sorted((a.task, a.version) for a in log if isinstance(a, StartEval))
+    due = sorted(
+        (t, v)
+        for t, n in steps.items()
+        for v in range(1, n + 1)
+        if v % every == 0 or v == n
+    )
+    assert evals == due
+    assert core.finished() and core.kv_in_use() == 0
+    assert {a.task for a in log if isinstance(a, FinishTask)} == set(steps)
