@@ -83,6 +83,12 @@ class KVModel:
             task.n_samples,
         )
 
+    def eval_bytes(self, task: TaskSpec) -> int:
+        """Worst-case KV bytes of one of the task's evals (one sample a row)."""
+        return task_kv_bytes(
+            self, task.max_prompt_tokens, task.max_new_tokens, task.eval_samples, 1
+        )
+
 
 def task_kv_bytes(
     kv: KVModel,

@@ -10,7 +10,10 @@ the rollout ran on a worker) plus plain-Python extras:
 * ``env_intervals``: ``[start, end, start, end, ...]`` wall-clock seconds the
   episode spent in its environment (tool calls), for the ``env`` phase;
 * ``reward_reasons``: why samples scored as they did, when a grader said (a
-  python grader that raised, a judge that did not answer, ...).
+  python grader that raised, a judge that did not answer, ...);
+* ``grades``: each grader's verdict on the episode's samples (``GraderGrade``:
+  name, type, score, error flags, seconds, a model grader's tokens), when the
+  task has a grader.
 
 A failed episode comes back as ``{FAILURE: reason}`` instead of a trajectory, so
 the reason reaches the scheduler on every placement (in-process, AReaL workers).
@@ -24,6 +27,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from areal_marlaas.rundir.records import GraderStat
 
 FAILURE = "marlaas_episode_error"
 
@@ -86,6 +91,38 @@ def reward_reasons(batch: list[dict[str, Any]]) -> dict[str, int]:
         for reason in t.get("reward_reasons", []):
             counts[reason] = counts.get(reason, 0) + 1
     return counts
+
+
+def grader_stats(batch: list[dict[str, Any]]) -> list[GraderStat]:
+    """Per grader over the batch: its mean score, how many samples it graded,
+    how often each error flag came up, its mean seconds and model tokens."""
+    acc: dict[str, GraderStat] = {}
+    for t in batch:
+        for g in t.get("grades", []):
+            s = acc.setdefault(
+                g["name"],
+                {
+                    "name": g["name"],
+                    "type": g["type"],
+                    "reward_mean": 0.0,
+                    "samples": 0,
+                    "errors": {},
+                    "seconds_mean": 0.0,
+                    "prompt_tokens": 0,
+                    "completion_tokens": 0,
+                },
+            )
+            s["samples"] += 1
+            s["reward_mean"] += float(g["score"])  # a sum until the end
+            s["seconds_mean"] += float(g.get("seconds", 0.0))
+            s["prompt_tokens"] += int(g.get("prompt_tokens", 0))
+            s["completion_tokens"] += int(g.get("completion_tokens", 0))
+            for flag in g.get("errors", []):
+                s["errors"][flag] = s["errors"].get(flag, 0) + 1
+    for s in acc.values():
+        s["reward_mean"] /= s["samples"]
+        s["seconds_mean"] /= s["samples"]
+    return list(acc.values())
 
 
 def env_intervals(batch: list[dict[str, Any]]) -> list[tuple[float, float]]:

@@ -335,6 +335,21 @@ class TaskSpec:
             "another file of the same format; None = none."
         },
     )
+    eval_interval: int = field(
+        default=0,
+        metadata={
+            "help": "Evaluate on eval_dataset after every eval_interval-th committed "
+            "step and after the last, beside the task's next rollout (results in "
+            "the run directory's evals.jsonl and on the screen); 0 = no evals."
+        },
+    )
+    eval_samples: int = field(
+        default=32,
+        metadata={
+            "help": "Held-out rows per eval: one seeded draw of eval_dataset (the "
+            "same rows every time), one sample each."
+        },
+    )
     ppo: TaskPPOConfig = field(
         default_factory=TaskPPOConfig,
         metadata={"help": "This task's overrides of actor.* PPO settings."},
@@ -450,6 +465,7 @@ class TaskSpec:
             raise ConfigError(f"{where}: reward_timeout_s must be >= 0.")
         if self.dataset.size < 0:
             raise ConfigError(f"{where}: dataset.size must be >= 0.")
+        self._check_eval(where)
         for key, ds in (("dataset", self.dataset), ("eval_dataset", self.eval_dataset)):
             if ds is None:
                 continue
@@ -459,6 +475,24 @@ class TaskSpec:
                 )
             if not 0 <= ds.holdout < 1:
                 raise ConfigError(f"{where}: {key}.holdout must be in [0, 1).")
+
+    def _check_eval(self, where: str) -> None:
+        if not isinstance(self.eval_interval, int) or self.eval_interval < 0:
+            raise ConfigError(
+                f"{where}: eval_interval must be an integer >= 0 (0 = no evals), "
+                f"got {self.eval_interval!r}."
+            )
+        if not isinstance(self.eval_samples, int) or self.eval_samples < 1:
+            raise ConfigError(
+                f"{where}: eval_samples must be an integer >= 1, got "
+                f"{self.eval_samples!r}."
+            )
+        if self.eval_interval and self.eval_dataset is None:
+            raise ConfigError(
+                f"{where}: eval_interval={self.eval_interval} needs eval_dataset "
+                "(held-out rows, e.g. {split: test, holdout: 0.2} of an arithmetic "
+                "kind or another file of the same format); or set eval_interval=0."
+            )
 
     def _check_grader(self, where: str) -> None:
         from areal_marlaas.graders import GraderError, parse_grader

@@ -37,6 +37,19 @@ class StepResult(TypedDict):
     placement: NotRequired[StepPlacement]
 
 
+class GraderStat(TypedDict):
+    """One grader over a step's batch (a multi grader: each sub-grader)."""
+
+    name: str
+    type: str
+    reward_mean: float
+    samples: int
+    errors: dict[str, int]  # error flag -> samples that raised it
+    seconds_mean: float
+    prompt_tokens: int  # a model grader's usage, summed over the samples
+    completion_tokens: int
+
+
 class StepRecord(TypedDict):
     """One line of ``steps.jsonl``: a committed step of one task."""
 
@@ -46,6 +59,7 @@ class StepRecord(TypedDict):
     staleness_max: int  # versions between the batch's tokens and the step's
     n_trajectories: int
     trained_tokens: int
+    rollout_s: float  # the batch's rollout, start to last episode
     queue_wait_s: float
     trainer: int  # the trainer worker that ran it
     train_s: float
@@ -61,3 +75,31 @@ class StepRecord(TypedDict):
     cores_mean: NotRequired[float]
     borrowed_s: NotRequired[float]
     reward_reasons: NotRequired[dict[str, int]]  # why samples scored 0
+    graders: NotRequired[list[GraderStat]]  # tasks with a grader
+
+
+class EvalSample(TypedDict):
+    """One held-out row of an eval: what the adapter wrote and how it scored."""
+
+    index: int  # the row's position in the task's eval rows
+    item: dict  # the row as the dataset gave it
+    prompt: str
+    output: str
+    reward: float | None  # None: the episode failed
+    grades: list[dict]  # GraderGrade per grader (tasks with a grader)
+    error: NotRequired[str]
+
+
+class EvalRecord(TypedDict):
+    """One line of ``evals.jsonl``: a held-out eval of a committed version."""
+
+    task: str
+    version: int
+    reward_mean: float | None  # over the samples that came back; None: none did
+    samples: int
+    failed: int  # episodes that failed (not in reward_mean)
+    graders: list[GraderStat]
+    start: float
+    end: float
+    versions: list[int]  # adapter versions that generated it (one, normally)
+    error: NotRequired[str]  # the eval failed as a whole

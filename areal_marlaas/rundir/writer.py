@@ -4,9 +4,11 @@ Layout (``<cluster.fileroot>/<experiment_name>/<trial_name>/``)::
 
     events.jsonl                 one line per phase interval
     steps.jsonl                  one line per committed step
+    evals.jsonl                  one line per held-out eval of a version
     summary.json                 written at the end
     tasks/<task>/state.json      the task's last committed version (atomic)
     tasks/<task>/adapters/v<N>/  PEFT adapter of each kept version
+    tasks/<task>/evals/v<N>.jsonl  the samples of version N's eval
 
 A version is committed when its adapter folder is complete *and* ``state.json``
 names it; both are written via a temporary path and an atomic rename, so a crash
@@ -22,7 +24,7 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +53,19 @@ class RunStore:
         self._lock = threading.Lock()
         self.events_path = self.root / "events.jsonl"
         self.steps_path = self.root / "steps.jsonl"
+        self.evals_path = self.root / "evals.jsonl"
         if fresh:
             self._clear()
         elif fresh is False:
             self.reconcile()
 
     def _clear(self) -> None:
-        old = [self.events_path, self.steps_path, self.root / "summary.json"]
+        old = [
+            self.events_path,
+            self.steps_path,
+            self.evals_path,
+            self.root / "summary.json",
+        ]
         if any(p.exists() for p in old) or (self.root / "tasks").exists():
             logger.warning(f"{self.root} holds an earlier run; starting over")
         for p in old:
@@ -218,6 +226,23 @@ class RunStore:
     def step(self, record: Mapping[str, Any]) -> None:
         """A committed step's line in steps.jsonl (a ``StepRecord``)."""
         self._append(self.steps_path, record)
+
+    def eval(self, record: Mapping[str, Any], samples: Sequence[Mapping[str, Any]]):
+        """A version's eval: its samples (atomically), then its evals.jsonl line
+        (an ``EvalRecord``), so a line always has its samples."""
+        folder = self.task_dir(record["task"]) / "evals"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"v{record['version']}.jsonl"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(json.dumps(s) + "\n" for s in samples))
+        os.replace(tmp, path)
+        self._append(self.evals_path, record)
+
+    def eval_samples(self, task: str, version: int) -> list[dict[str, Any]]:
+        path = self.task_dir(task) / "evals" / f"v{version}.jsonl"
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line]
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
         path = self.root / "summary.json"

@@ -29,13 +29,14 @@ from typing import Any
 from areal.utils import logging
 
 from areal_marlaas import trajectory
-from areal_marlaas.rundir.records import StepRecord
+from areal_marlaas.rundir.records import EvalRecord, EvalSample, StepRecord
 from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.scheduler.backends import RolloutBackend, TaskStatus, TrainBackend
 from areal_marlaas.scheduler.core import (
     Action,
     AdmissionError,
     Cancel,
+    EvalDone,
     FinishTask,
     HoldRollout,
     KVUsage,
@@ -46,6 +47,7 @@ from areal_marlaas.scheduler.core import (
     Resume,
     RolloutDone,
     SchedulerCore,
+    StartEval,
     StartPublish,
     StartRollout,
     StartTrain,
@@ -55,6 +57,7 @@ from areal_marlaas.scheduler.core import (
     TrainDone,
     TrainOrder,
 )
+from areal_marlaas.scheduler.evals import failed_eval, run_eval
 from areal_marlaas.tasks.prompt_order import TaskData
 
 logger = logging.getLogger("MARLaaSRuntime")
@@ -78,9 +81,15 @@ class TaskRun:
     start_version: int = 0
     kv_bytes: int = 0  # KV footprint of one rollout batch (admission)
     priority: int = 0
+    # Held-out rows evaluated after every eval_every-th version and the last
+    # (scheduler.evals), and one eval's KV footprint.
+    eval_rows: list[dict[str, Any]] | None = None
+    eval_every: int = 0
+    eval_kv_bytes: int = 0
     # filled while running
     submitted_at: float = 0.0
     ready_at: float = 0.0  # when it last became ready to roll out
+    rollout_start: float = 0.0
     rollout_end: float = 0.0
     batch: list[dict[str, Any]] | None = None
     rewards: list[float] = field(default_factory=list)
@@ -111,6 +120,8 @@ class RuntimeOptions:
     on_status: Callable[[str, TaskStatus, str], None] | None = None
     # Called after a new version is live on the server.
     on_publish: Callable[[str, int], None] | None = None
+    # Called after a version's eval (its evals.jsonl record and samples).
+    on_eval: Callable[[EvalRecord, list[EvalSample]], None] | None = None
     # Tasks that may exist at once (thread pool size); 0 = the tasks given.
     max_tasks: int = 0
     # A task that ended leaves the trainer and the server (the job service).
@@ -152,6 +163,10 @@ class Runtime:
         self.events: queue.Queue = queue.Queue()
         self._workers = ThreadPoolExecutor(
             max(opts.max_tasks, len(tasks)) + 1, "marlaas-task"
+        )
+        # Evals never take a task's rollout or publish thread.
+        self._evals = ThreadPoolExecutor(
+            max(opts.max_tasks, len(tasks)) + 1, "marlaas-eval"
         )
         self._trainers = [
             ThreadPoolExecutor(1, f"marlaas-trainer{i}")
@@ -206,9 +221,12 @@ class Runtime:
             t.kv_bytes,
             t.priority,
             trainer=self._trainer_of(t.name),
+            eval_every=t.eval_every if t.eval_rows else 0,
+            eval_kv_bytes=t.eval_kv_bytes if t.eval_rows else 0,
         )
 
     def _shutdown(self) -> None:
+        self._evals.shutdown(wait=True)
         self._workers.shutdown(wait=True)
         for trainer in self._trainers:
             trainer.shutdown(wait=True)
@@ -357,6 +375,8 @@ class Runtime:
             )
         elif isinstance(action, StartPublish):
             self._workers.submit(self._guard, action.task, self._publish, action)
+        elif isinstance(action, StartEval):
+            self._evals.submit(self._eval, action)
         elif isinstance(action, TaskPaused):
             self.store.record(
                 {
@@ -453,7 +473,7 @@ class Runtime:
                 f"failed ({next(r for r in reasons if r)}); training on the rest"
             )
         t.batch = ok
-        t.rollout_end = time.time()
+        t.rollout_start, t.rollout_end = start, time.time()
         self.store.event(a.task, a.version, "rollout", start, t.rollout_end)
         for env_start, env_end in trajectory.env_intervals(ok):
             self.store.event(a.task, a.version, "env", env_start, env_end)
@@ -493,6 +513,7 @@ class Runtime:
             "staleness_max": staleness,
             "n_trajectories": int(rewards.numel()),
             "trained_tokens": trajectory.generated_tokens(batch),
+            "rollout_s": t.rollout_end - t.rollout_start,
             "queue_wait_s": start - t.rollout_end,
             "trainer": a.trainer,
             "train_s": end - start,
@@ -509,6 +530,9 @@ class Runtime:
         reasons = trajectory.reward_reasons(batch)
         if reasons:
             record["reward_reasons"] = reasons
+        graders = trajectory.grader_stats(batch)
+        if graders:
+            record["graders"] = graders
         # The step line goes first: a crash between the two leaves a line newer
         # than state.json, which a resumed store drops (never a missing line).
         self.store.step(record)
@@ -558,6 +582,26 @@ class Runtime:
         # Bounded retention: the newest K commits, never the one now served.
         self.store.retain_adapters(a.task, self.options.keep_adapters, served=a.version)
         return PublishDone(a.task, a.version)
+
+    def _eval(self, a: StartEval) -> None:
+        """Evaluate ``a.version``; whatever happens, the core hears it returned
+        (an eval never fails its task)."""
+        t, start = self.tasks[a.task], time.time()
+        try:
+            record, samples = run_eval(
+                self.rollout, t, a.version, self.options.rollout_timeout
+            )
+        except Exception as e:
+            why = f"{type(e).__name__}: {e}"
+            logger.error(f"task {a.task} eval of v{a.version} failed: {why}")
+            record, samples = failed_eval(t, a.version, start, why), []
+        try:
+            self.store.event(a.task, a.version, "eval", record["start"], record["end"])
+            self.store.eval(record, samples)
+            if self.options.on_eval is not None:
+                self._quietly(self.options.on_eval, record, samples)
+        finally:
+            self.events.put(EvalDone(a.task, a.version))
 
     # -- report -----------------------------------------------------------------
     def summary(self, wall: float) -> dict[str, Any]:

@@ -6,6 +6,7 @@ reward function receives as a keyword argument).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,3 +124,18 @@ def load_task_rows(spec: TaskSpec) -> list[dict]:
     if not rows:
         raise ConfigError(f"task {spec.name!r}: dataset has no rows")
     return rows
+
+
+def load_eval_rows(spec: TaskSpec, tokenizer=None) -> list[dict]:
+    """The rows every eval of ``spec`` uses: ``eval_samples`` of its
+    ``eval_dataset`` in one draw seeded by the task's seed (prompts over
+    ``max_prompt_tokens`` skipped), the same draw on every call."""
+    from areal_marlaas.tasks.prompt_order import TaskData
+
+    assert spec.eval_dataset is not None  # the config requires it with evals
+    rows = load_task_rows(dataclasses.replace(spec, dataset=spec.eval_dataset))
+    data = TaskData(rows, spec.seed, tokenizer, spec.max_prompt_tokens)
+    try:
+        return data.next_batch(min(spec.eval_samples, len(rows)))
+    except ValueError as e:
+        raise ConfigError(f"task {spec.name!r}: eval_dataset: {e}") from e

@@ -24,7 +24,7 @@ from areal.utils import logging as areal_logging
 
 from areal_marlaas.config import MARLaaSConfig
 from areal_marlaas.fmt import fmt
-from areal_marlaas.rundir.records import StepRecord
+from areal_marlaas.rundir.records import EvalRecord, StepRecord
 
 _CONSOLE_HANDLERS = ("plainHandler", "coloredHandler", "systemHandler")
 # Set in a worker's environment (LocalScheduler spec) when the screen is quiet:
@@ -176,6 +176,18 @@ class Screen:
             + (f"  logprob gap {gap:.1e}" if gap is not None else "")
         )
         return n
+
+    def eval(self, r: EvalRecord) -> None:
+        """One held-out eval of a committed version."""
+        if r["reward_mean"] is None:
+            why = r.get("error") or f"all {r['failed']} episodes failed"
+            self.print(f"{r['task']:<12} eval v{r['version']} failed: {why}")
+            return
+        failed = f", {r['failed']} failed" if r["failed"] else ""
+        self.print(
+            f"{r['task']:<12} eval v{r['version']}: reward {r['reward_mean']:.3f} "
+            f"on {r['samples']} held-out rows{failed} ({r['end'] - r['start']:.1f}s)"
+        )
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -27,12 +27,12 @@ from areal_marlaas.cluster import close_scheduler, make_scheduler
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
 from areal_marlaas.placement import parse_cpus, pin_current_process
 from areal_marlaas.rollout.session import RolloutSession
-from areal_marlaas.rundir.records import StepRecord
+from areal_marlaas.rundir.records import EvalRecord, EvalSample, StepRecord
 from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.scheduler.backends import RolloutBackend, TrainBackend
 from areal_marlaas.scheduler.core import Mode, TrainOrder
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions, TaskRun
-from areal_marlaas.tasks import load_task_rows
+from areal_marlaas.tasks import load_eval_rows, load_task_rows
 from areal_marlaas.tasks.prompt_order import TaskData
 from areal_marlaas.tools.local_search import stop_local_search_servers
 from areal_marlaas.train import screen
@@ -88,6 +88,7 @@ def add_tenant(
     ``optimizer.pt``) and data cursor. The dataset is read first, so a task whose
     data is broken fails before it takes anything on the trainer."""
     rows = load_task_rows(spec)
+    eval_rows = load_eval_rows(spec, tokenizer) if spec.eval_interval else None
     state = store.committed(spec.name) if resume else None
     version = state["version"] if state else 0
     engine.add_task(
@@ -135,6 +136,9 @@ def add_tenant(
         kv_bytes=kv.task_bytes(spec) if kv is not None else 0,
         priority=spec.priority,
         start_version=version,
+        eval_rows=eval_rows,
+        eval_every=spec.eval_interval,
+        eval_kv_bytes=kv.eval_bytes(spec) if kv is not None and eval_rows else 0,
     )
 
 
@@ -294,6 +298,7 @@ class TrainingStack:
             keep_adapters=cfg.fault.keep_adapters,
             save_retries=cfg.fault.save_retries,
             on_step=on_step,
+            on_eval=self.log_eval,
         )
 
     def start_stats(self, total_steps: int) -> None:
@@ -312,6 +317,16 @@ class TrainingStack:
         }
         if self.stats_logger is not None:
             self.stats_logger.commit(0, n - 1, n - 1, {**stats, **scalars})
+
+    def log_eval(self, r: EvalRecord, samples: list[EvalSample]) -> None:
+        """Per held-out eval: a line on the screen, its reward to the stats
+        logger (the samples are in the run directory)."""
+        self.screen.eval(r)
+        if self.stats_logger is not None and r["reward_mean"] is not None:
+            # At the newest step: loggers such as wandb refuse steps that go back.
+            n = max(self.screen.commits, 1) - 1
+            key = f"marlaas/{r['task']}/eval_reward_mean"
+            self.stats_logger.commit(0, n, n, {key: r["reward_mean"]})
 
     # -- shut-down ------------------------------------------------------------------
     def close(self) -> None:

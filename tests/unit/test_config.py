@@ -144,6 +144,21 @@ BAD = {
         "tasks.0 ('t_a') reward_fn: cannot import 'nowhere.reward'",
     ),
     "lora rank vLLM cannot serve": ([task("t_a")], ["actor.lora_rank=12"], "12"),
+    "evals without held-out rows": (
+        [task("t_a", eval_interval=2)],
+        [],
+        "task 't_a': eval_interval=2 needs eval_dataset",
+    ),
+    "no eval samples": (
+        [task("t_a", eval_samples=0)],
+        [],
+        "task 't_a': eval_samples must be an integer >= 1",
+    ),
+    "negative eval interval": (
+        [task("t_a", eval_interval=-1)],
+        [],
+        "task 't_a': eval_interval must be an integer >= 0",
+    ),
 }
 
 
@@ -247,3 +262,21 @@ def test_shipped_service_config_loads(model_path):
         ["--config", str(REPO / "configs" / "service.yaml")], ServiceRunConfig
     )
     assert cfg.tasks == [] and cfg.service.port == 8000
+
+
+def test_eval_rows_are_one_seeded_draw_of_held_out_problems():
+    from areal_marlaas.config.tasks import TaskDatasetConfig, TaskSpec
+    from areal_marlaas.tasks import load_eval_rows, load_task_rows
+
+    spec = TaskSpec(
+        name="add",
+        kind="addition",
+        dataset=TaskDatasetConfig(split="train", holdout=0.2, size=256),
+        eval_dataset=TaskDatasetConfig(split="test", holdout=0.2, size=64),
+        eval_interval=1,
+        eval_samples=16,
+    )
+    rows = load_eval_rows(spec)
+    assert len(rows) == 16 and rows == load_eval_rows(spec)
+    train = {r["messages"][-1]["content"] for r in load_task_rows(spec)}
+    assert not train & {r["messages"][-1]["content"] for r in rows}
