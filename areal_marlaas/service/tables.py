@@ -51,6 +51,11 @@ TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
 ACTIONS = ("cancel", "pause", "resume")
 EVENT_LEVELS = ("info", "warn", "error")
 EVENT_TYPES = ("message", "metrics")
+# Webhook delivery states: retried while `pending`; the others are final.
+DELIVERY_PENDING = "pending"
+DELIVERY_DELIVERED = "delivered"
+DELIVERY_FAILED = "failed"  # every attempt used
+DELIVERY_CANCELLED = "cancelled"  # its webhook was removed first
 
 
 def new_id(prefix: str) -> str:
@@ -204,3 +209,74 @@ class Checkpoint(Base):
     adapter_path: Mapped[str] = mapped_column(String(512))
     metrics: Mapped[dict[str, Any]] = mapped_column(Json)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class Webhook(Base):
+    """An endpoint the operator registered for a tenant; it receives the tenant's
+    job events, signed per Standard Webhooks with ``secret``."""
+
+    __tablename__ = "webhooks"
+    __table_args__ = (
+        Index("ix_webhooks_tenant_seq", "tenant_id", "seq"),
+        {"sqlite_autoincrement": True},
+    )
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    url: Mapped[str] = mapped_column(String(2048))
+    # ``whsec_<base64>``, kept in clear: signing needs the key itself (unlike API
+    # keys, which are only ever compared).
+    secret: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[float] = mapped_column(Float)
+    # Soft delete: the delivery log keeps naming the webhook.
+    deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class WebhookDelivery(Base):
+    """One event for one webhook (the outbox row, inserted in the transaction
+    that made the event happen) and its delivery state."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_status_next", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_tenant_id_id", "tenant_id", "id"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    # The ``webhook-id`` header: the same on every attempt, so receivers dedupe.
+    message_id: Mapped[str] = mapped_column(String(40), unique=True)
+    event_id: Mapped[str] = mapped_column(String(40))  # the payload's evt_...
+    webhook_id: Mapped[str] = mapped_column(ForeignKey("webhooks.id"), index=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    event_type: Mapped[str] = mapped_column(String(64))
+    # The exact body every attempt sends (signatures cover these bytes).
+    payload: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+    # When a dispatcher may take it next (also its lease while an attempt runs).
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    last_attempt_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class WebhookAttempt(Base):
+    """One POST of a delivery and its outcome."""
+
+    __tablename__ = "webhook_attempts"
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[int] = mapped_column(
+        ForeignKey("webhook_deliveries.id"), index=True
+    )
+    number: Mapped[int] = mapped_column(Integer)  # 1-based
+    started_at: Mapped[float] = mapped_column(Float)
+    duration_s: Mapped[float] = mapped_column(Float)
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)

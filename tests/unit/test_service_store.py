@@ -52,6 +52,9 @@ TABLES = {
     "job_actions",
     "events",
     "checkpoints",
+    "webhooks",
+    "webhook_deliveries",
+    "webhook_attempts",
     "alembic_version",
 }
 
