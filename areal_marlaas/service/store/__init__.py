@@ -10,7 +10,11 @@ Who writes what (the one-writer rule):
 * the scheduler (``service/runner.py``, one process: its poller thread and the
   runtime's callbacks): the only writer of progress. It moves jobs through their
   statuses, records steps, checkpoints, events, errors and result files, and marks
-  the requests it applied as handled (``progress.py``).
+  the requests it applied as handled (``progress.py``);
+* the operator's commands also register tenants' webhooks, and the webhook
+  dispatcher (``service/webhooks.py``, in the scheduler's process) is the only
+  writer of their delivery log; the deliveries themselves are inserted by the
+  scheduler's terminal status change, in its transaction (``webhooks.py``).
 
 Every call is one short transaction; SQLite write transactions take the write lock
 up front (``BEGIN IMMEDIATE``), PostgreSQL ones lock the tenant row where a limit
@@ -58,9 +62,10 @@ from areal_marlaas.service.store.tenants import (
     key_prefix,
     new_api_key,
 )
+from areal_marlaas.service.store.webhooks import Claimed, WebhookStore
 
 
-class JobStore(TenantStore, ApiJobStore, ProgressStore):
+class JobStore(TenantStore, ApiJobStore, ProgressStore, WebhookStore):
     """SQL job store at ``url``; file bodies and adapters live under ``root``."""
 
 
@@ -70,6 +75,7 @@ __all__ = [
     "TRANSITIONS",
     "WAITING",
     "ApiJobStore",
+    "Claimed",
     "Conflict",
     "FileStore",
     "InvalidAction",
@@ -84,6 +90,7 @@ __all__ = [
     "StoreError",
     "TenantInfo",
     "TenantStore",
+    "WebhookStore",
     "checkpoint_name",
     "effective_status",
     "fine_tuned_model_name",

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from areal_marlaas.service.store.base import InvalidTransition, NotFound
 from areal_marlaas.service.store.files import FileStore
+from areal_marlaas.service.store.webhooks import enqueue_job_event
 from areal_marlaas.service.tables import (
     CANCELLED,
     FAILED,
@@ -105,6 +106,9 @@ class ProgressStore(FileStore):
         if status in TERMINAL:
             job.finished_at = now
             job.estimated_finish = None
+            # The webhook outbox, in this transaction: an event is never lost or
+            # sent for a status that did not commit. Once: TERMINAL is final.
+            enqueue_job_event(s, job, status, now)
         if status == FAILED:
             job.error = error or {
                 "code": "internal_error",
