@@ -164,6 +164,34 @@ class ServiceConfig:
         default=64,
         metadata={"help": "Jobs the scheduler holds at once (running or waiting)."},
     )
+    webhook_timeout_s: float = field(
+        default=10.0,
+        metadata={
+            "help": "Per webhook POST: seconds to connect, and between bytes of "
+            "the reply; a slower receiver counts as a failed attempt."
+        },
+    )
+    webhook_backoff_s: float = field(
+        default=5.0,
+        metadata={
+            "help": "Delay before a failed webhook delivery's 2nd attempt; each "
+            "later one waits twice as long (5 s: 5, 10, ..., 320 s)."
+        },
+    )
+    webhook_max_attempts: int = field(
+        default=8,
+        metadata={
+            "help": "Attempts per webhook delivery before it is marked failed "
+            "(8 with the default backoff: about 10 minutes)."
+        },
+    )
+    webhook_workers: int = field(
+        default=4,
+        metadata={
+            "help": "Threads posting webhooks: this many hanging receivers at "
+            "once delay the others' deliveries (never a job)."
+        },
+    )
 
     def __post_init__(self):
         if not isinstance(self.host, str) or not self.host:
@@ -183,6 +211,10 @@ class ServiceConfig:
             )
         if not self.poll_interval_s > 0:
             raise ConfigError("service.poll_interval_s must be > 0.")
+        for key in ("webhook_timeout_s", "webhook_backoff_s"):
+            value = getattr(self, key)
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"service.{key} must be > 0 seconds, got {value}.")
         at_least_one = {
             "max_new_tokens": self.max_new_tokens,
             "max_prompt_tokens": self.max_prompt_tokens,
@@ -198,6 +230,8 @@ class ServiceConfig:
             "default_eval_samples": self.default_eval_samples,
             "max_steps_per_job": self.max_steps_per_job,
             "inference_adapters": self.inference_adapters,
+            "webhook_max_attempts": self.webhook_max_attempts,
+            "webhook_workers": self.webhook_workers,
         }
         for key, value in at_least_one.items():
             if not isinstance(value, int) or value < 1:

@@ -109,9 +109,15 @@ class ServiceRunner:
 
     # -- lifecycle ----------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        # Imported here: only run() is this feature's (the module is others').
+        from areal_marlaas.service.webhooks import WebhookDispatcher
+
         cfg, stack = self.cfg, self.stack
         poller = None
+        # Its own threads: no job, poll or scheduler callback waits on HTTP.
+        webhooks = WebhookDispatcher(self.jobs, self.svc)
         try:
+            webhooks.start()  # first: what the last run left pending resumes now
             stack.start_trainer()
             rollout = stack.start_rollout()
             assert stack.session is not None  # start_rollout set it
@@ -147,6 +153,7 @@ class ServiceRunner:
             self.stop.set()
             if poller is not None:
                 poller.join(timeout=30)
+            webhooks.stop()  # what is still pending goes out after the restart
             if self.api is not None:
                 self.api.stop()
             stack.close()
