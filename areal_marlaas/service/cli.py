@@ -4,22 +4,29 @@
     marlaas service tenant key NAME     (another key for NAME: rotation)
     marlaas service tenant list
     marlaas service tenant revoke NAME [--key PREFIX]
+    marlaas service tenant webhook add NAME --url URL [--secret whsec_...]
+    marlaas service tenant webhook list NAME
+    marlaas service tenant webhook remove NAME WEBHOOK_ID
+    marlaas service tenant webhook deliveries NAME [--limit N]
     marlaas service admin-key
     marlaas service status
 
-API keys are printed once; only their sha256 is stored.
+API keys are printed once; only their sha256 is stored. A generated webhook
+secret is printed once too (it is stored: signing needs it).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from areal_marlaas.errors import ConfigError
 
 if TYPE_CHECKING:
     from areal_marlaas.config.service import ServiceConfig, ServiceRunConfig
+    from areal_marlaas.service.tables import WebhookDelivery
 
 
 def load_service_config(
@@ -75,12 +82,41 @@ def add_commands(sub: argparse._SubParsersAction, **defaults) -> None:
     t = tsub.add_parser("revoke", help=text, description=text, parents=[common])
     t.add_argument("name")
     t.add_argument("--key", default=None, help="Only keys with this display prefix")
+    _webhook_commands(tsub, common)
     for name, text in (
         ("admin-key", "Print a new admin key (replaces the old)"),
         ("status", "Jobs per tenant with progress"),
     ):
         p = sub.add_parser(name, help=text, description=text, parents=[common])
         p.set_defaults(**defaults)
+
+
+def _webhook_commands(
+    tsub: argparse._SubParsersAction, common: argparse.ArgumentParser
+) -> None:
+    text = "Manage a tenant's webhooks (job succeeded / failed / cancelled events)"
+    hook = tsub.add_parser("webhook", help=text, description=text)
+    wsub = hook.add_subparsers(dest="webhook_command", required=True)
+    text = "Register a webhook URL; prints its id, and a generated secret once"
+    w = wsub.add_parser("add", help=text, description=text, parents=[common])
+    w.add_argument("name")
+    w.add_argument("--url", required=True, help="http(s) URL the events are POSTed to")
+    w.add_argument(
+        "--secret",
+        default=None,
+        help="Signing secret whsec_<base64 of 24-64 bytes>; default: a new one",
+    )
+    text = "A tenant's webhooks"
+    w = wsub.add_parser("list", help=text, description=text, parents=[common])
+    w.add_argument("name")
+    text = "Remove a webhook; its pending deliveries are cancelled"
+    w = wsub.add_parser("remove", help=text, description=text, parents=[common])
+    w.add_argument("name")
+    w.add_argument("webhook_id")
+    text = "A tenant's webhook delivery log, newest first"
+    w = wsub.add_parser("deliveries", help=text, description=text, parents=[common])
+    w.add_argument("name")
+    w.add_argument("--limit", type=int, default=20, help="Rows shown (default 20)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -160,9 +196,75 @@ def _tenant(store, args: argparse.Namespace) -> int:
             state = "disabled" if t.disabled else "active"
             keys = ", ".join(t.active_keys) or "no active keys"
             print(f"{t.name}\t{t.id}\t{state}\t{keys}")
+    elif cmd == "webhook":
+        return _webhook(store, args)
     elif cmd == "revoke":
         n = store.revoke(args.name, args.key)
         print(f"{n} key(s) of {args.name} revoked", file=sys.stderr)
         if n == 0 and args.key:
             return 1
     return 0
+
+
+def _webhook(store, args: argparse.Namespace) -> int:
+    cmd = args.webhook_command
+    if cmd == "add":
+        hook = store.add_webhook(args.name, args.url, args.secret)
+        print(hook.id)
+        if args.secret is None:
+            print(hook.secret)
+        shown = "; the secret is shown only now" if args.secret is None else ""
+        print(
+            f"Webhook {hook.id} of {args.name} -> {hook.url}{shown}.", file=sys.stderr
+        )
+    elif cmd == "list":
+        for h in store.list_webhooks(args.name):
+            print(f"{h.id}\t{h.url}\t{_when(h.created_at)}")
+    elif cmd == "remove":
+        n = store.remove_webhook(args.name, args.webhook_id)
+        print(
+            f"Webhook {args.webhook_id} of {args.name} removed; {n} pending "
+            "delivery(ies) cancelled",
+            file=sys.stderr,
+        )
+    elif cmd == "deliveries":
+        if args.limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {args.limit}")
+        print(_deliveries_table(store.deliveries(args.name, args.limit)))
+    return 0
+
+
+def _deliveries_table(rows: list[WebhookDelivery]) -> str:
+    header = ("created", "event", "job", "webhook", "status", "attempts", "last")
+    table: list[tuple[str, ...]] = [header]
+    for d in rows:
+        if d.status == "pending":
+            then = f"next {_when(d.next_attempt_at)}"
+        else:
+            then = _when(d.finished_at)
+        last = "-"
+        if d.last_attempt_at is not None:
+            outcome = d.last_error or f"HTTP {d.last_status_code}"
+            last = f"{_when(d.last_attempt_at)} {outcome}"
+        table.append(
+            (
+                _when(d.created_at),
+                d.event_type,
+                d.job_id,
+                d.webhook_id,
+                f"{d.status} ({then})",
+                str(d.attempts),
+                last.replace("\n", " "),
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(
+            [*(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)), row[-1]]
+        ).rstrip()
+        for row in table
+    )
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
