@@ -219,8 +219,9 @@ def job_steps(client, job_id: str) -> dict[str, list[float]]:
         page = client.fine_tuning.jobs.list_events(job_id, limit=100, after=after)
         for e in page.data:
             data = e.data or {}
-            if e.type == "metrics" and "committed_at" in data:
-                steps[data["step"]] = data
+            own = data.get("marlaas") or {}
+            if e.type == "metrics" and "committed_at" in own:
+                steps[data["step"]] = own
         if not page.has_more or not page.data:
             break
         after = page.data[-1].id

@@ -1,0 +1,159 @@
+"""A committed step's figures in the shape OpenAI's fine-tuning API documents
+for a reinforcement job's ``metrics`` events and checkpoints.
+
+``data`` holds ``step``, ``total_steps``, ``scores`` (``train_reward_mean``,
+``valid_reward_mean`` on eval steps, ``graders``: one entry per grader, each
+sub-grader of a ``multi`` on its own), ``usage``, ``errors`` and ``timing``;
+the figures OpenAI has no name for (loss, logprob gap, queue wait, ...) sit
+beside them under ``marlaas``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from areal_marlaas.rundir.records import GraderStat, StepRecord
+
+# Error flags OpenAI's metrics name per grader; the rest count as other errors.
+NAMED_ERRORS = ("sample_parse_error", "invalid_variable_error")
+
+# Our own figures of a step, under data["marlaas"].
+OWN = (
+    "loss",
+    "grad_norm",
+    "logprob_gap_mean",
+    "logprob_gap_max",
+    "queue_wait_s",
+    "staleness_max",
+    "trained_tokens",
+    "n_trajectories",
+    "trainer",
+)
+
+
+def step_data(
+    r: StepRecord,
+    total_steps: int,
+    valid: dict[str, Any] | None = None,
+    eval_s: float | None = None,
+) -> dict[str, Any]:
+    """The ``data`` of step ``r``'s metrics event. ``valid``: the eval of this
+    step, ``{"reward_mean": x, "graders": [GraderStat, ...]}``, when it ran."""
+    graders = r.get("graders") or []
+    by_name: dict[str, dict[str, Any]] = {}
+    for g in graders:
+        by_name[g["name"]] = {
+            "name": g["name"],
+            "type": g["type"],
+            "train_reward_mean": g["reward_mean"],
+        }
+    valid_graders = (valid or {}).get("graders") or []
+    for g in valid_graders:
+        entry = by_name.setdefault(g["name"], {"name": g["name"], "type": g["type"]})
+        entry["valid_reward_mean"] = g["reward_mean"]
+    scores: dict[str, Any] = {"train_reward_mean": r.get("reward_mean")}
+    if valid is not None:
+        scores["valid_reward_mean"] = valid["reward_mean"]
+    scores["graders"] = list(by_name.values())
+    # Lines of older steps.jsonl files (a restart's reconciliation) may lack
+    # fields: they count as 0.
+    samples = int(r.get("n_trajectories") or 0)
+    n = max(samples, 1)
+    rollout_s = r.get("rollout_s") or 0.0
+    train_s, wait_s = r.get("train_s") or 0.0, r.get("queue_wait_s") or 0.0
+    # One iteration of this task: its batch's rollout, the wait for the
+    # trainer, the step.
+    full = rollout_s + wait_s + train_s
+    return {
+        "step": r["version"],
+        "total_steps": total_steps,
+        "scores": scores,
+        "usage": {
+            "samples": {
+                "train_completion_tokens_mean": (r.get("trained_tokens") or 0) / n,
+                "train_completion_tokens_count": samples,
+            },
+            "graders": _usage(graders, valid_graders),
+        },
+        "errors": {"graders": _errors(graders, valid_graders)},
+        "timing": {
+            "step": {
+                "sampling": rollout_s,
+                "training": train_s,
+                "eval": eval_s,
+                "full_iteration": full,
+            },
+            "graders": [
+                {"name": g["name"], "train_execution_seconds_mean": g["seconds_mean"]}
+                for g in graders
+            ],
+        },
+        "marlaas": {
+            "committed_at": r.get("t_commit"),  # to the ms: TPTS
+            "train_s": train_s,
+            **{k: r.get(k) for k in OWN},
+        },
+    }
+
+
+def _usage(train: list[GraderStat], valid: list[GraderStat]) -> list[dict[str, Any]]:
+    """Model graders' tokens per sample (graders that use none are left out)."""
+    out: dict[str, dict[str, Any]] = {}
+    for split, stats in (("train", train), ("valid", valid)):
+        for g in stats:
+            if not (g["prompt_tokens"] or g["completion_tokens"]):
+                continue
+            entry = out.setdefault(g["name"], {"name": g["name"], "type": g["type"]})
+            n = max(g["samples"], 1)
+            entry[f"{split}_prompt_tokens_mean"] = g["prompt_tokens"] / n
+            entry[f"{split}_completion_tokens_mean"] = g["completion_tokens"] / n
+            entry[f"{split}_count"] = g["samples"]
+    return list(out.values())
+
+
+def _errors(train: list[GraderStat], valid: list[GraderStat]) -> list[dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for split, stats in (("train", train), ("valid", valid)):
+        for g in stats:
+            entry = out.setdefault(g["name"], {"name": g["name"], "type": g["type"]})
+            n = max(g["samples"], 1)
+            other = sum(c for f, c in g["errors"].items() if f not in NAMED_ERRORS)
+            counts = {f: g["errors"].get(f, 0) for f in NAMED_ERRORS}
+            counts["other_error"] = other
+            for flag, count in counts.items():
+                entry[f"{split}_{flag}_count"] = count
+                entry[f"{split}_{flag}_mean"] = count / n
+    return list(out.values())
+
+
+def message(data: dict[str, Any]) -> str:
+    """``Step N/M, train mean reward=…, full validation mean reward=…``."""
+    text = f"Step {data['step']}/{data['total_steps']}"
+    scores = data.get("scores") or {}
+    for key, label in (
+        ("train_reward_mean", "train mean reward"),
+        ("valid_reward_mean", "full validation mean reward"),
+    ):
+        value = scores.get(key)
+        if value is not None:
+            text += f", {label}={_fmt(value)}"
+    return text
+
+
+def checkpoint_metrics(data: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint carries: its step and that step's scores, flat (the
+    SDK types a checkpoint's metrics as flat numbers; extra keys pass through)."""
+    scores = data.get("scores") or {}
+    out: dict[str, Any] = {"step": data["step"]}
+    for key in ("train_reward_mean", "valid_reward_mean"):
+        if scores.get(key) is not None:
+            out[key] = scores[key]
+    own = data.get("marlaas") or {}
+    if own.get("loss") is not None:
+        out["train_loss"] = own["loss"]
+    return out
+
+
+def _fmt(v: float) -> str:
+    return "nan" if isinstance(v, float) and math.isnan(v) else f"{v:.4g}"
