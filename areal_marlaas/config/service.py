@@ -128,6 +128,15 @@ class ServiceConfig:
             "(LRU); keep it below vllm.max_cpu_loras minus the training adapters."
         },
     )
+    keep_checkpoints: int = field(
+        default=3,
+        metadata={
+            "help": "Per job: the best N checkpoints by valid_reward_mean "
+            "(train_reward_mean without a validation file) are kept, and the "
+            "newest; the others' adapters are deleted and their names answer "
+            "404. 0 = keep every checkpoint."
+        },
+    )
     admin_key_file: str = field(
         default="",
         metadata={
@@ -238,6 +247,11 @@ class ServiceConfig:
                 raise ConfigError(
                     f"service.{key} must be an integer >= 1, got {value}."
                 )
+        if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 0:
+            raise ConfigError(
+                "service.keep_checkpoints must be an integer >= 0 (0 = keep all), "
+                f"got {self.keep_checkpoints}."
+            )
         if self.group_size_per_multiplier < 2:
             raise ConfigError(
                 "service.group_size_per_multiplier must be >= 2 (GRPO normalizes "
@@ -297,3 +311,14 @@ class ServiceRunConfig(MARLaaSConfig):
             "python sandbox's limits."
         },
     )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.fault.keep_adapters:
+            # Deleting adapter folders behind the job store's back would leave
+            # checkpoints whose files are gone.
+            raise ConfigError(
+                "fault.keep_adapters is not used by marlaas service: a job's "
+                "adapters are its checkpoints, kept by service.keep_checkpoints. "
+                "Remove fault.keep_adapters from the config."
+            )

@@ -70,16 +70,20 @@ class TaskState:
         return self.phase not in (*_ENDED, Phase.PAUSED, Phase.EVAL)
 
     def eval_due(self, version: int) -> bool:
-        """Whether committed ``version`` gets an eval: every ``eval_every``-th
-        and the last."""
-        if self.eval_every <= 0 or version <= self.start_version:
-            return False
-        return version % self.eval_every == 0 or version >= self.total_steps
+        return eval_due(version, self.eval_every, self.total_steps, self.start_version)
 
     @property
     def key(self) -> Key:
         """Admission order: priority first, then submission order."""
         return (-self.priority, self.order)
+
+
+def eval_due(version: int, every: int, total: int, start: int = 0) -> bool:
+    """Whether committed ``version`` gets an eval: every ``every``-th and the
+    last (0: none); not the version a task was submitted (resumed) at."""
+    if every <= 0 or version <= start:
+        return False
+    return version % every == 0 or version >= total
 
 
 Key = tuple[int, int]

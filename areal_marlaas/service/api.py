@@ -30,6 +30,7 @@ from areal_marlaas.service.errors import (
 from areal_marlaas.service.grading import service_grader_validator
 from areal_marlaas.service.prometheus import ServiceMetrics
 from areal_marlaas.service.router import ModelRouter
+from areal_marlaas.service.routes_evals import evals_router
 from areal_marlaas.service.routes_files import MULTIPART_OVERHEAD, files_router
 from areal_marlaas.service.routes_graders import graders_router
 from areal_marlaas.service.routes_jobs import jobs_router
@@ -84,6 +85,7 @@ def create_app(
     app.include_router(jobs_router())
     app.include_router(models_router())
     app.include_router(graders_router())
+    app.include_router(evals_router())
 
     @app.get("/health")
     def health():

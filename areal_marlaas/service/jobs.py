@@ -38,9 +38,20 @@ class JobFileError(ValueError):
         self.param = param
 
 
-def task_spec(job: Job, svc: ServiceConfig, train_path: Path) -> TaskSpec:
-    """The job as a task: its adapter is named after the job's task name."""
+def task_spec(
+    job: Job, svc: ServiceConfig, train_path: Path, valid_path: Path | None = None
+) -> TaskSpec:
+    """The job as a task: its adapter is named after the job's task name; with a
+    validation file, it evaluates ``eval_samples`` of its rows every
+    ``eval_interval`` steps and after the last."""
     hp = job.hyperparameters
+    evals: dict = {}
+    if valid_path is not None:
+        evals = {
+            "eval_dataset": TaskDatasetConfig(path=str(valid_path), format="messages"),
+            "eval_interval": int(hp["eval_interval"]),
+            "eval_samples": int(hp["eval_samples"]),
+        }
     grader = job.method["reinforcement"]["grader"]
     kind = marlaas_kind(grader) or ""
     return TaskSpec(
@@ -56,6 +67,7 @@ def task_spec(job: Job, svc: ServiceConfig, train_path: Path) -> TaskSpec:
         total_steps=int(job.steps_total),
         lr=float(hp["learning_rate"]),
         seed=int(job.seed or 0),
+        **evals,
     )
 
 

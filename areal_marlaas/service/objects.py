@@ -1,13 +1,22 @@
 """Stored rows -> the JSON objects of OpenAI's API (field names as in the official
 SDK's ``FineTuningJob``, ``FineTuningJobEvent``, ``FineTuningJobCheckpoint``,
-``FileObject``, ``Model``), plus a few fields of ours (``steps_done``,
-``steps_total``, ``ttfs_s``, ``pending_action``)."""
+``FileObject``, ``Model``, the evals API's ``Eval``, ``EvalRun`` and
+``OutputItem``), plus a few fields of ours (``steps_done``, ``steps_total``,
+``ttfs_s``, ``pending_action``, a run's ``reward_mean`` and ``step``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from areal_marlaas.service.tables import Checkpoint, Event, File, Job
+from areal_marlaas.service.tables import (
+    Checkpoint,
+    EvalOutputItem,
+    EvalRecord,
+    EvalRun,
+    Event,
+    File,
+    Job,
+)
 
 # The supervised-style summary the SDK's `FineTuningJob.hyperparameters` declares.
 _SUMMARY = ("batch_size", "learning_rate_multiplier", "n_epochs")
@@ -45,6 +54,8 @@ def job_object(job: Job, pending: list[str] | None = None) -> dict[str, Any]:
         "steps_total": job.steps_total,
         "started_at": _ts(job.started_at),
         "ttfs_s": job.ttfs_s,
+        # Its validation runs (client.evals), when it has a validation file.
+        "eval_id": job.eval_id,
         # The newest cancel/pause/resume the scheduler has not applied yet.
         "pending_action": pending[-1] if pending else None,
     }
@@ -109,4 +120,56 @@ def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
         "has_more": has_more,
         "first_id": data[0]["id"] if data else None,
         "last_id": data[-1]["id"] if data else None,
+    }
+
+
+def eval_object(ev: EvalRecord) -> dict[str, Any]:
+    return {
+        "id": ev.id,
+        "object": "eval",
+        "created_at": int(ev.created_at),
+        "name": ev.name,
+        "metadata": {"fine_tuning_job_id": ev.job_id},
+        "data_source_config": {
+            "type": "custom",
+            "schema": {"type": "object", "properties": {"messages": {}}},
+        },
+        "testing_criteria": ev.testing_criteria,
+    }
+
+
+def eval_run_object(run: EvalRun, validation_file: str | None) -> dict[str, Any]:
+    result = dict(run.result)
+    error = result.pop("error", None) or {"code": "", "message": ""}
+    return {
+        "id": run.id,
+        "object": "eval.run",
+        "created_at": int(run.created_at),
+        "eval_id": run.eval_id,
+        "name": f"step {run.step}",
+        "model": run.model,
+        "status": run.status,
+        "metadata": {"step": str(run.step)},
+        "data_source": {
+            "type": "jsonl",
+            "source": {"type": "file_id", "id": validation_file or ""},
+        },
+        "error": error,
+        "per_model_usage": [],
+        "report_url": "",
+        "step": run.step,
+        **result,
+    }
+
+
+def output_item_object(item: EvalOutputItem) -> dict[str, Any]:
+    return {
+        "id": item.id,
+        "object": "eval.run.output_item",
+        "created_at": int(item.created_at),
+        "eval_id": item.eval_id,
+        "run_id": item.run_id,
+        "datasource_item_id": item.datasource_item_id,
+        "status": item.status,
+        **item.body,
     }

@@ -17,12 +17,13 @@ but the database missed.
 from __future__ import annotations
 
 import io
+import shutil
 import tarfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 from areal.utils import logging
 from areal.utils.hf_utils import load_hf_tokenizer
@@ -31,15 +32,17 @@ from areal_marlaas import admission
 from areal_marlaas.config.service import ServiceRunConfig
 from areal_marlaas.rollout.server_metrics import scrape
 from areal_marlaas.rundir.reader import task_steps
-from areal_marlaas.rundir.records import StepRecord
+from areal_marlaas.rundir.records import EvalRecord, EvalSample, StepRecord
 from areal_marlaas.scheduler.backends import TaskStatus
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
+from areal_marlaas.scheduler.tasks import eval_due
+from areal_marlaas.service import eval_runs, step_metrics
 from areal_marlaas.service import jobs as jobspec
 from areal_marlaas.service.grading import service_grader_validator
 from areal_marlaas.service.prometheus import ServiceMetrics
 from areal_marlaas.service.router import VLLMModelRouter
 from areal_marlaas.service.server import run_api
-from areal_marlaas.service.store import JobStore
+from areal_marlaas.service.store import JobStore, checkpoint_name
 from areal_marlaas.service.tables import (
     CANCELLED,
     PAUSED,
@@ -53,16 +56,6 @@ from areal_marlaas.service.tables import (
 from areal_marlaas.train.stack import TrainingStack, add_tenant
 
 logger = logging.getLogger("MARLaaSServiceRunner")
-
-STEP_METRICS = (
-    "reward_mean",
-    "loss",
-    "grad_norm",
-    "logprob_gap_mean",
-    "logprob_gap_max",
-    "train_s",
-    "queue_wait_s",
-)
 
 
 @dataclass
@@ -78,6 +71,12 @@ class Admitted:
     first_step_seen: bool = False
     paused_by_tenant: bool = False
     trained_tokens: int = 0
+    # Validation (a job with a validation file): its eval, how often, and the
+    # step records whose metrics event waits for their eval's scores.
+    eval_id: str | None = None
+    eval_every: int = 0
+    start_version: int = 0
+    pending: dict[int, StepRecord] = field(default_factory=dict)
 
 
 def stack_config(cfg: ServiceRunConfig) -> ServiceRunConfig:
@@ -164,6 +163,7 @@ class ServiceRunner:
         options = self.stack.runtime_options(on_step=self._progress)
         options.on_status = self._on_status
         options.on_publish = self._on_publish
+        options.on_eval = self._on_eval
         options.max_tasks = self.svc.max_tasks
         options.release_finished = True
         return options
@@ -249,7 +249,7 @@ class ServiceRunner:
                     f"{self.svc.max_prompt_tokens} tokens; they are skipped",
                     level="warn",
                 )
-        spec = jobspec.task_spec(job, self.svc, self.jobs.file_of_job(job.id))
+        spec = self._spec(job)
         kv, session = self.stack.kv, self.stack.session
         need = kv.task_bytes(spec)
         assert session is not None  # jobs are polled once it started
@@ -263,6 +263,22 @@ class ServiceRunner:
                 f"{budget / 2**20:.0f} MiB; lower batch_size or compute_multiplier",
                 "method.reinforcement.hyperparameters.batch_size",
             )
+        need = kv.eval_bytes(spec)
+        if spec.eval_interval and budget is not None and need > budget:
+            raise jobspec.JobFileError(
+                f"an eval of eval_samples = {spec.eval_samples} rows needs "
+                f"{need / 2**20:.0f} MiB of KV cache but the server holds "
+                f"{budget / 2**20:.0f} MiB; lower eval_samples",
+                "method.reinforcement.hyperparameters.eval_samples",
+            )
+
+    def _spec(self, job: Job):
+        valid = (
+            self.jobs.file_of_job(job.id, "validation_file")
+            if job.validation_file
+            else None
+        )
+        return jobspec.task_spec(job, self.svc, self.jobs.file_of_job(job.id), valid)
 
     def _admit(self) -> None:
         """Hand queued (and, after a restart, running) jobs to the runtime, as far
@@ -280,7 +296,12 @@ class ServiceRunner:
 
     def _hand_over(self, job: Job) -> None:
         try:
-            spec = jobspec.task_spec(job, self.svc, self.jobs.file_of_job(job.id))
+            spec = self._spec(job)
+            eval_id = None
+            if spec.eval_interval:
+                grader = job.method["reinforcement"]["grader"]
+                criteria = eval_runs.testing_criteria(grader)
+                eval_id = self.jobs.ensure_eval(job.id, criteria)
         except Exception as e:  # a job the plugin cannot express fails alone
             self.jobs.fail_job(job.id, "setup_failed", f"{type(e).__name__}: {e}")
             return
@@ -317,7 +338,13 @@ class ServiceRunner:
         )
         with self._lock:
             self.admitted[spec.name] = Admitted(
-                job.id, job.tenant_id, spec.name, spec.total_steps
+                job.id,
+                job.tenant_id,
+                spec.name,
+                spec.total_steps,
+                eval_id=eval_id,
+                eval_every=spec.eval_interval,
+                start_version=task.start_version,
             )
         self.jobs.set_plan(job.id, steps_total=spec.total_steps)
         self.stack.screen.add(spec.name, task.start_version, spec.total_steps)
@@ -369,6 +396,7 @@ class ServiceRunner:
         elif status == TaskStatus.DONE:
             self._finish(held)
         elif status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
+            self._flush(held)
             with self._lock:
                 self.admitted.pop(task, None)
             if status == TaskStatus.CANCELLED:
@@ -380,6 +408,7 @@ class ServiceRunner:
         """The final adapter as a result file (a tar.gz of the PEFT folder), then
         ``succeeded``."""
         state = self.store.committed(held.task)
+        self._flush(held)
         try:
             assert state is not None  # the job finished at a committed version
             folder = self.store.adapter_dir(held.task, state["version"])
@@ -405,23 +434,31 @@ class ServiceRunner:
         held = self._job_of(r["task"])
         if held is None:
             return
-        metrics = {k: v for k in STEP_METRICS if (v := r.get(k)) is not None}
+        data = step_metrics.step_data(r, held.total_steps)
         version = r["version"]
         held.trained_tokens += int(r.get("trained_tokens") or 0)
+        # An evaluated step's metrics event waits for its validation scores.
+        due = held.eval_id is not None and eval_due(
+            version, held.eval_every, held.total_steps, held.start_version
+        )
+        if due:
+            held.pending[version] = r
         self.jobs.record_step(
             held.job_id,
             version,
-            metrics,
+            data,
             trained_tokens=held.trained_tokens,
             at=r["t_commit"],
+            event=not due,
         )
         self.jobs.record_checkpoint(
             held.job_id,
             version,
             version,
             self.store.adapter_dir(r["task"], version),
-            metrics,
+            step_metrics.checkpoint_metrics(data),
         )
+        self._prune(held)
         self.metrics.observe_step(held.tenant_id, r["train_s"])
         if not held.first_step_seen:
             held.first_step_seen = True
@@ -435,6 +472,72 @@ class ServiceRunner:
                 level="warn",
             )
 
+    def _prune(self, held: Admitted) -> None:
+        """Drop the checkpoints beyond the newest and the best ones (those whose
+        validation runs stay), rows first: a crash between the two leaves only
+        files that nothing names."""
+        job_id = held.job_id
+        by = "valid_reward_mean" if held.eval_id else "train_reward_mean"
+        for step, path in self.jobs.prune_checkpoints(
+            job_id, self.svc.keep_checkpoints, by, frozenset(held.pending)
+        ):
+            shutil.rmtree(self.jobs.root / path, ignore_errors=True)
+            logger.info(f"job {job_id}: deleted checkpoint step {step} ({path})")
+
+    def _on_eval(self, r: EvalRecord, samples: list[EvalSample]) -> None:
+        """A step's validation: an eval run with its samples, then the step's
+        metrics event with its validation scores, the checkpoint's metrics and
+        the retention that ranks by them."""
+        self.stack.log_eval(r, samples)
+        held = self._job_of(r["task"])
+        if held is None or held.eval_id is None:
+            return
+        version = r["version"]
+        job = self.jobs.job(held.job_id)
+        model = (
+            checkpoint_name(job.fine_tuned_model, version)
+            if job.fine_tuned_model
+            else job.model
+        )
+        self.jobs.record_eval_run(
+            held.eval_id,
+            version,
+            model,
+            "failed" if r["reward_mean"] is None else "completed",
+            eval_runs.run_result(r, samples),
+            eval_runs.output_items(
+                samples, model, self.svc.temperature, self.svc.max_new_tokens
+            ),
+        )
+        record = held.pending.pop(version, None)
+        if record is not None:
+            valid = None
+            if r["reward_mean"] is not None:
+                valid = {"reward_mean": r["reward_mean"], "graders": r["graders"]}
+            self._metrics_event(held, record, valid, r["end"] - r["start"])
+        self._prune(held)
+
+    def _metrics_event(
+        self,
+        held: Admitted,
+        r: StepRecord,
+        valid: dict[str, Any] | None = None,
+        eval_s: float | None = None,
+    ) -> None:
+        data = step_metrics.step_data(r, held.total_steps, valid, eval_s)
+        self.jobs.add_event(
+            held.job_id, step_metrics.message(data), type="metrics", data=data
+        )
+        self.jobs.update_checkpoint_metrics(
+            held.job_id, r["version"], step_metrics.checkpoint_metrics(data)
+        )
+
+    def _flush(self, held: Admitted) -> None:
+        """A job ending with evals that never ran: their steps' events without
+        validation scores."""
+        for version in sorted(held.pending):
+            self._metrics_event(held, held.pending.pop(version))
+
     def _on_publish(self, task: str, version: int) -> None:
         """Nothing to do per publish yet (evaluation would hook in here)."""
 
@@ -446,22 +549,32 @@ class ServiceRunner:
             state = self.store.committed(job.task_name)
             if state is None:
                 continue
+            # Only versions past the newest recorded one: older ones missing
+            # from the database were pruned on purpose.
             have = self.jobs.checkpoint_steps(job.id)
+            newest = max(have, default=0)
             steps = {
                 s["version"]: s for s in task_steps(self.store.root, job.task_name)
             }
             for version in range(1, state["version"] + 1):
                 folder = self.store.adapter_dir(job.task_name, version)
-                if version in have or not folder.is_dir():
+                if version <= newest or not folder.is_dir():
                     continue
-                metrics = {
-                    k: steps[version][k]
-                    for k in STEP_METRICS
-                    if steps.get(version, {}).get(k) is not None
-                }
+                row = steps.get(version)
+                data = (
+                    step_metrics.step_data(cast(StepRecord, row), job.steps_total)
+                    if row is not None
+                    else {"step": version, "total_steps": job.steps_total}
+                )
                 if job.status != PAUSED:
-                    self.jobs.record_step(job.id, version, metrics)
-                self.jobs.record_checkpoint(job.id, version, version, folder, metrics)
+                    self.jobs.record_step(job.id, version, data)
+                self.jobs.record_checkpoint(
+                    job.id,
+                    version,
+                    version,
+                    folder,
+                    step_metrics.checkpoint_metrics(data),
+                )
                 logger.warning(
                     f"job {job.id}: recorded checkpoint v{version} committed before "
                     "the restart"

@@ -152,6 +152,8 @@ class Job(Base):
     steps_done: Mapped[int] = mapped_column(Integer, default=0)
     result_files: Mapped[list[str]] = mapped_column(Json)
     estimated_finish: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Its eval (``client.evals``), made when a job with a validation file starts.
+    eval_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
     # sha256 of the create body: a reused Idempotency-Key with another body is 409.
     request_sha256: Mapped[str] = mapped_column(String(64))
@@ -280,3 +282,65 @@ class WebhookAttempt(Base):
     duration_s: Mapped[float] = mapped_column(Float)
     status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class EvalRecord(Base):
+    """A job's eval (``client.evals``): one per job with a validation file; its
+    testing criteria are the job's graders (a multi grader's sub-graders)."""
+
+    __tablename__ = "evals"
+    __table_args__ = (
+        Index("ix_evals_tenant_seq", "tenant_id", "seq"),
+        {"sqlite_autoincrement": True},
+    )
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), unique=True)
+    name: Mapped[str] = mapped_column(String(255))
+    testing_criteria: Mapped[list[dict[str, Any]]] = mapped_column(Json)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class EvalRun(Base):
+    """One validation of a job: the eval of one committed step."""
+
+    __tablename__ = "eval_runs"
+    __table_args__ = (
+        Index("ix_eval_runs_eval_id_seq", "eval_id", "seq"),
+        {"sqlite_autoincrement": True},
+    )
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    eval_id: Mapped[str] = mapped_column(ForeignKey("evals.id"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    step: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16))  # completed | failed
+    # reward_mean, result_counts, per_testing_criteria_results, per-grader
+    # means, error: the run as the API returns it, fixed once written.
+    result: Mapped[dict[str, Any]] = mapped_column(Json)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class EvalOutputItem(Base):
+    """One validation row of a run: prompt, output, each grader's score."""
+
+    __tablename__ = "eval_output_items"
+    __table_args__ = (
+        Index("ix_eval_output_items_run_id_seq", "run_id", "seq"),
+        {"sqlite_autoincrement": True},
+    )
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("eval_runs.id"))
+    eval_id: Mapped[str] = mapped_column(ForeignKey("evals.id"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    datasource_item_id: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))  # pass | fail | error
+    # datasource_item, results, sample: as the API returns them.
+    body: Mapped[dict[str, Any]] = mapped_column(Json)
+    created_at: Mapped[float] = mapped_column(Float)

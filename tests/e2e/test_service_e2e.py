@@ -302,6 +302,7 @@ def test_killed_service_resumes_every_job_from_its_last_commit(tmp_path):
         "service.max_new_tokens=16",
         "service.max_prompt_tokens=96",
         "service.poll_interval_s=0.3",
+        "service.keep_checkpoints=0",  # every commit must survive the kill
     ]
     live = LiveService(tmp_path / "svc", common)
     a = live.add_tenant("acme")
@@ -354,6 +355,102 @@ def test_killed_service_resumes_every_job_from_its_last_commit(tmp_path):
         logged.setdefault(r["task"], []).append(r["version"])
     assert sorted(logged.values()) == [[1, 2, 3, 4], [1, 2, 3, 4]], logged
     print(f"checkpoints before the kill: {before}")
+
+
+def test_validation_evals_metrics_and_best_checkpoints(tmp_path):
+    """A job with a validation file evaluated after every step, through the SDK:
+    one metrics event per step in OpenAI's shape whose validation mean is its
+    eval run's, per sub-grader scores, the newest and best 3 checkpoints kept,
+    and the eval hidden from another tenant."""
+    common = [
+        "scheduler.type=null",
+        "service.max_new_tokens=16",
+        "service.max_prompt_tokens=96",
+        "service.poll_interval_s=0.3",
+    ]
+    live = LiveService(tmp_path / "svc", common)
+    a, b = live.add_tenant("acme"), live.add_tenant("bravo")
+    with live.running():
+        train = a.files.create(file=("t.jsonl", lines(10, 5)), purpose="fine-tune")
+        valid = a.files.create(file=("v.jsonl", lines(3, 6)), purpose="fine-tune")
+        j = a.fine_tuning.jobs.create(
+            model=BASE,
+            training_file=train.id,
+            validation_file=valid.id,
+            method=method(MULTI, eval_interval=1, eval_samples=3),
+        )
+        job = wait_all(a, [j.id], 1500)[j.id]
+        assert job.status == "succeeded", live.tail()
+        steps = job.steps_done  # type: ignore[attr-defined]
+        assert steps == 5
+        eval_id = job.eval_id  # type: ignore[attr-defined]
+        assert eval_id and a.evals.retrieve(eval_id).id == eval_id
+        criteria = a.evals.retrieve(eval_id).testing_criteria
+        assert sorted(c.name for c in criteria) == ["close", "exact"]
+
+        metrics = [e for e in all_events(a, j.id, 50) if e.type == "metrics"]
+        by_step = {e.data["step"]: e.data for e in metrics}
+        assert sorted(e.data["step"] for e in metrics) == list(range(1, steps + 1))
+        runs = {r.step: r for r in a.evals.runs.list(eval_id, limit=100).data}  # type: ignore[attr-defined]
+        assert sorted(runs) == list(range(1, steps + 1))
+        for step, data in by_step.items():
+            items = a.evals.runs.output_items.list(runs[step].id, eval_id=eval_id).data
+            assert len(items) == 3
+            rewards = [i.reward for i in items]  # type: ignore[attr-defined]
+            scores = data["scores"]
+            assert scores["valid_reward_mean"] == pytest.approx(sum(rewards) / 3)
+            assert {g["name"] for g in scores["graders"]} == {"exact", "close"}
+            assert all(
+                "train_reward_mean" in g and "valid_reward_mean" in g
+                for g in scores["graders"]
+            )
+            assert set(data["timing"]["step"]) == {
+                "sampling",
+                "training",
+                "eval",
+                "full_iteration",
+            }
+            assert data["timing"]["step"]["eval"] > 0
+            assert {g["name"] for g in data["errors"]["graders"]} == {"exact", "close"}
+            item = items[0]
+            assert item.sample.output[0].content is not None
+            assert {r.name for r in item.results} == {"exact", "close"}
+        msg = next(e.message for e in metrics if e.data["step"] == steps)
+        assert msg.startswith(f"Step {steps}/{steps}, train mean reward=")
+        assert ", full validation mean reward=" in msg
+
+        # Retention: the newest and the best 3 by valid_reward_mean.
+        ranked = sorted(
+            by_step, key=lambda s: (by_step[s]["scores"]["valid_reward_mean"], s)
+        )
+        want = {steps, *ranked[-3:]}
+        ckpts = a.fine_tuning.jobs.checkpoints.list(j.id, limit=100).data
+        assert {c.step_number for c in ckpts} == want
+        for c in ckpts:
+            assert c.metrics.valid_reward_mean == pytest.approx(  # type: ignore[attr-defined]
+                by_step[c.step_number]["scores"]["valid_reward_mean"]
+            )
+        dropped = sorted(set(range(1, steps + 1)) - want)
+        assert dropped
+        gone = f"{job.fine_tuned_model}:ckpt-step-{dropped[0]}"
+        with pytest.raises(openai.NotFoundError):
+            a.chat.completions.create(
+                model=gone, messages=[{"role": "user", "content": "1+1"}], max_tokens=2
+            )
+        kept = next(c.fine_tuned_model_checkpoint for c in ckpts)
+        out = a.chat.completions.create(
+            model=kept, messages=[{"role": "user", "content": "1+1"}], max_tokens=2
+        )
+        assert out.choices[0].message is not None
+
+        # Another tenant sees none of it.
+        with pytest.raises(openai.NotFoundError):
+            b.evals.retrieve(eval_id)
+        with pytest.raises(openai.NotFoundError):
+            b.evals.runs.list(eval_id)
+        with pytest.raises(openai.NotFoundError):
+            b.evals.runs.output_items.list(runs[1].id, eval_id=eval_id)
+        assert b.evals.list().data == []
 
 
 def test_two_trainer_workers_serve_two_tenants_jobs(tmp_path):

@@ -14,7 +14,9 @@ Who writes what (the one-writer rule):
 * the operator's commands also register tenants' webhooks, and the webhook
   dispatcher (``service/webhooks.py``, in the scheduler's process) is the only
   writer of their delivery log; the deliveries themselves are inserted by the
-  scheduler's terminal status change, in its transaction (``webhooks.py``).
+  scheduler's terminal status change, in its transaction (``webhooks.py``);
+* the scheduler also writes jobs' evals, their runs and output items, which the
+  API reads (``evals.py``).
 
 Every call is one short transaction; SQLite write transactions take the write lock
 up front (``BEGIN IMMEDIATE``), PostgreSQL ones lock the tenant row where a limit
@@ -39,6 +41,7 @@ from areal_marlaas.service.store.base import (
     StoreBase,
     StoreError,
 )
+from areal_marlaas.service.store.evals import EvalStore
 from areal_marlaas.service.store.files import FileStore
 from areal_marlaas.service.store.jobs import (
     WAITING,
@@ -65,7 +68,7 @@ from areal_marlaas.service.store.tenants import (
 from areal_marlaas.service.store.webhooks import Claimed, WebhookStore
 
 
-class JobStore(TenantStore, ApiJobStore, ProgressStore, WebhookStore):
+class JobStore(TenantStore, ApiJobStore, ProgressStore, WebhookStore, EvalStore):
     """SQL job store at ``url``; file bodies and adapters live under ``root``."""
 
 
@@ -77,6 +80,7 @@ __all__ = [
     "ApiJobStore",
     "Claimed",
     "Conflict",
+    "EvalStore",
     "FileStore",
     "InvalidAction",
     "InvalidTransition",

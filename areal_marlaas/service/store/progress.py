@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from areal_marlaas.service import step_metrics
 from areal_marlaas.service.store.base import InvalidTransition, NotFound
 from areal_marlaas.service.store.files import FileStore
 from areal_marlaas.service.store.webhooks import enqueue_job_event
@@ -174,10 +175,13 @@ class ProgressStore(FileStore):
         trained_tokens: int | None = None,
         estimated_finish: float | None = None,
         at: float | None = None,
+        event: bool = True,
     ) -> Job:
         """A committed training step (1-based): progress, TTFS on the first one
-        (``first step - created_at``, the paper's metric) and a ``metrics`` event.
-        ``trained_tokens`` is the job's running total."""
+        (``first step - created_at``, the paper's metric) and a ``metrics`` event
+        whose data is ``metrics`` (``step_metrics.step_data``'s shape) with the
+        step and total (``event=False``: the caller writes it later, e.g. after
+        the step's validation). ``trained_tokens`` is the job's running total."""
         at = time.time() if at is None else at
         with self._write() as s:
             job = self._job(s, job_id)
@@ -193,19 +197,15 @@ class ProgressStore(FileStore):
                 job.trained_tokens = trained_tokens
             if estimated_finish is not None:
                 job.estimated_finish = estimated_finish
-            data = {
-                "step": step,
-                "total_steps": job.steps_total,
-                "committed_at": at,  # to the ms: TPTS (created_at is whole s)
-                **(metrics or {}),
-            }
+            data = {"step": step, "total_steps": job.steps_total, **(metrics or {})}
+            if not event:
+                return job
             s.add(
                 Event(
                     job_id=job_id,
                     created_at=at,
                     level="info",
-                    message=f"Step {step}/{job.steps_total}: "
-                    + ", ".join(f"{k}={_fmt(v)}" for k, v in (metrics or {}).items()),
+                    message=step_metrics.message(data),
                     type="metrics",
                     data=_json_safe(data),
                 )
@@ -265,6 +265,70 @@ class ProgressStore(FileStore):
                 )
             )
         return ckpt
+
+    def update_checkpoint_metrics(
+        self, job_id: str, step_number: int, metrics: dict[str, Any]
+    ) -> None:
+        """A checkpoint's metrics once its step's validation is known."""
+        with self._write() as s:
+            ckpt = s.scalar(
+                select(Checkpoint).where(
+                    Checkpoint.job_id == job_id, Checkpoint.step_number == step_number
+                )
+            )
+            if ckpt is not None:
+                ckpt.metrics = _json_safe({"step": step_number, **metrics})
+
+    def prune_checkpoints(
+        self,
+        job_id: str,
+        keep_best: int,
+        by: str,
+        protect: frozenset[int] = frozenset(),
+    ) -> list[tuple[int, str]]:
+        """Keep a job's newest checkpoint and its ``keep_best`` best by
+        ``metrics[by]`` (a missing score ranks last; a tie goes to the newer);
+        delete the other rows and return their ``(step, adapter_path)`` for the
+        caller to delete their files. ``keep_best`` 0 keeps every checkpoint;
+        steps in ``protect`` (validation still running) are kept too."""
+        if keep_best <= 0:
+            return []
+        with self._write() as s:
+            ckpts = list(
+                s.scalars(
+                    select(Checkpoint)
+                    .where(Checkpoint.job_id == job_id)
+                    .order_by(Checkpoint.step_number)
+                )
+            )
+            if len(ckpts) <= keep_best:
+                return []
+
+            def rank(c: Checkpoint) -> tuple[bool, float, int]:
+                v = (c.metrics or {}).get(by)
+                if isinstance(v, int | float) and math.isfinite(v):
+                    return (True, float(v), c.step_number)
+                return (False, 0.0, c.step_number)
+
+            best = sorted(ckpts, key=rank, reverse=True)[:keep_best]
+            keep = {ckpts[-1].id, *(c.id for c in best)}
+            keep |= {c.id for c in ckpts if c.step_number in protect}
+            dropped = [c for c in ckpts if c.id not in keep]
+            now = time.time()
+            for c in dropped:
+                s.delete(c)
+                s.add(
+                    Event(
+                        job_id=job_id,
+                        created_at=now,
+                        level="info",
+                        message=f"Checkpoint at step {c.step_number} deleted: "
+                        f"the job keeps its newest and its best {keep_best} by {by}",
+                        type="message",
+                        data={"checkpoint": c.id, "step": c.step_number},
+                    )
+                )
+            return [(c.step_number, c.adapter_path) for c in dropped]
 
     def add_event(
         self,
@@ -386,10 +450,6 @@ def _check_transition(old: str, new: str) -> None:
         raise InvalidTransition(f"unknown job status {new!r}")
     if new not in TRANSITIONS.get(old, frozenset()):
         raise InvalidTransition(f"a job cannot go from {old} to {new}")
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def _json_safe(v: Any) -> Any:
