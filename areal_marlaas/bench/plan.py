@@ -57,6 +57,21 @@ def workload(bench: BenchConfig, cfg: MARLaaSConfig, n: int) -> list[TaskSpec]:
     return out
 
 
+def with_evals(tasks: list[TaskSpec], samples: int) -> list[TaskSpec]:
+    """The same tasks, each evaluating ``samples`` rows after every step: the
+    test split of its dataset with holdout 0.2 (the training rows are the
+    baseline's, so the runs differ only by the evals)."""
+    return [
+        dataclasses.replace(
+            t,
+            eval_dataset=dataclasses.replace(t.dataset, split="test", holdout=0.2),
+            eval_interval=1,
+            eval_samples=samples,
+        )
+        for t in tasks
+    ]
+
+
 def plan_runs(bench: BenchConfig, cfg: MARLaaSConfig) -> list[RunPlan]:
     n = bench.replicas or len(cfg.tasks)
     tasks = workload(bench, cfg, n)
@@ -76,7 +91,7 @@ def plan_runs(bench: BenchConfig, cfg: MARLaaSConfig) -> list[RunPlan]:
                 f"{mode}_{name}",
                 mode,
                 "disaggregated",
-                tasks,
+                with_evals(tasks, bench.eval_samples) if name == "evals" else tasks,
                 "ablation",
                 extra,
                 scheduler=sched,

@@ -117,6 +117,8 @@ MD_COLUMNS = [
 AGG_COLUMNS = (
     ("wall s", "wall_s", 1, False),
     ("steps/h", "train_steps_per_hour", 1, False),
+    ("steps/h to last commit", "commit_steps_per_hour", 1, False),
+    ("evals beside next rollout", "evals_beside_next_rollout", 2, True),
     ("speedup vs seq", "ratio:speedup_vs_sequential", 2, False),
     ("rollout util (CPU)", "rollout_util_cpu", 2, True),
     ("train util (CPU)", "train_util_cpu", 2, True),

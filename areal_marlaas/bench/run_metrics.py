@@ -166,6 +166,11 @@ def run_metrics(
             else None,
         }
     )
+    last_commit = max((s["t_commit"] for s in steps), default=t0)
+    if last_commit > t0:
+        # Training alone: a run's final evals end after its last commit.
+        out["commit_steps_per_hour"] = len(steps) / (last_commit - t0) * 3600
+    out.update(eval_overlap(phases))
     out.update(trainer_bound(phases, steps, t0, span))
     out.update(utilization(samples or [], t0, t1, *cores))
     out.update(memory_peaks(samples or []))
@@ -177,6 +182,24 @@ def run_metrics(
     if failed:
         out["failed_tasks"] = failed
     return out
+
+
+def eval_overlap(phases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Evals, and the share of those (not a task's last) whose task's next
+    rollout, of the version evaluated, started before the eval ended."""
+    evals = [e for e in phases if e["phase"] == "eval"]
+    if not evals:
+        return {}
+    rollouts = {(e["task"], e["version"]): e for e in phases if e["phase"] == "rollout"}
+    followed = [e for e in evals if (e["task"], e["version"]) in rollouts]
+    beside = [
+        e for e in followed if rollouts[(e["task"], e["version"])]["start"] < e["end"]
+    ]
+    return {
+        "evals": len(evals),
+        "eval_p50_s": statistics.median(e["end"] - e["start"] for e in evals),
+        "evals_beside_next_rollout": len(beside) / len(followed) if followed else None,
+    }
 
 
 def memory_peaks(samples: list[dict[str, float]]) -> dict[str, float]:

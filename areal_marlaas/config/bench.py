@@ -18,6 +18,8 @@ ABLATIONS: dict[str, tuple[str, dict[str, str], str]] = {
     "elastic": ("async", {"scheduler.elastic_cpus": "'{server_cpus}'"}, "null"),
     "two_trainers": ("async", {"scheduler.trainers": "2"}, "local"),
     "glibc_heap": ("async", {"keep_freed_pages": "false"}, "null"),
+    # Every task evaluates held-out rows after each step (plan.with_evals).
+    "evals": ("async", {}, "null"),
 }
 
 
@@ -47,7 +49,9 @@ class BenchConfig:
         default_factory=lambda: ["no_multi_lora"],
         metadata={
             "help": f"Ablation runs, of {list(ABLATIONS)} (no_multi_lora: async "
-            "with one adapter per server batch; elastic: async whose trainer "
+            "with one adapter per server batch; evals: async where every task "
+            "evaluates bench.eval_samples held-out rows after each step; elastic: "
+            "async whose trainer "
             "borrows the server's cores while no rollout runs; two_trainers: "
             "async with scheduler.trainers=2 as LocalScheduler workers, to "
             "compare with async@local; glibc_heap: async whose trainer keeps "
@@ -58,6 +62,13 @@ class BenchConfig:
     concurrency: list[int] = field(
         default_factory=lambda: [1, 2, 4, 8],
         metadata={"help": "Tenant counts of the sweep (empty = no sweep)."},
+    )
+    eval_samples: int = field(
+        default=8,
+        metadata={
+            "help": "The evals ablation: held-out rows per eval (the test split "
+            "of the task's kind, holdout 0.2; it measures speed, not learning)."
+        },
     )
     repeats: int = field(
         default=3,
@@ -165,6 +176,11 @@ class BenchConfig:
                     f"bench.ablations: unknown ablation {a!r}; use some of "
                     f"{list(ABLATIONS)} (without asynchrony is mode sync)."
                 )
+        if not isinstance(self.eval_samples, int) or self.eval_samples < 1:
+            raise ConfigError(
+                "bench.eval_samples must be an integer >= 1, got "
+                f"{self.eval_samples!r}."
+            )
         if self.repeats < 1:
             raise ConfigError(f"bench.repeats must be >= 1, got {self.repeats}.")
         self.schedulers = ["null" if s is None else s for s in self.schedulers]

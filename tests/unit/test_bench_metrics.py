@@ -377,3 +377,31 @@ def test_outputs_written_small_with_plots(tmp_path, run_dir):
         in (out / "bench.md").read_text()
     )
     assert sum(p.stat().st_size for p in out.rglob("*")) < 3 * 2**20
+
+
+def test_eval_overlap_counts_evals_whose_next_rollout_started_before_they_ended():
+    from areal_marlaas.bench.run_metrics import eval_overlap
+
+    phases = [
+        {"task": "a", "version": 1, "phase": "eval", "start": 10.0, "end": 14.0},
+        {"task": "a", "version": 1, "phase": "rollout", "start": 10.1, "end": 12.0},
+        {"task": "b", "version": 1, "phase": "eval", "start": 10.0, "end": 11.0},
+        {"task": "b", "version": 1, "phase": "rollout", "start": 11.5, "end": 13.0},
+        # a's last eval: no next rollout, not counted in the share.
+        {"task": "a", "version": 2, "phase": "eval", "start": 20.0, "end": 22.0},
+    ]
+    out = eval_overlap(phases)
+    assert out["evals"] == 3 and out["eval_p50_s"] == 2.0
+    assert out["evals_beside_next_rollout"] == 0.5
+    assert eval_overlap(phases[1:2]) == {}
+
+
+def test_the_evals_ablation_adds_held_out_evals_to_the_same_tasks():
+    from areal_marlaas.bench.plan import with_evals
+    from areal_marlaas.config.tasks import TaskDatasetConfig, TaskSpec
+
+    t = TaskSpec(name="m", kind="multiplication", dataset=TaskDatasetConfig(digits=1))
+    (e,) = with_evals([t], 6)
+    assert (e.eval_interval, e.eval_samples) == (1, 6)
+    assert e.eval_dataset is not None and e.eval_dataset.split == "test"
+    assert e.dataset == t.dataset and e.batch_size == t.batch_size
