@@ -16,14 +16,12 @@ the version it committed); the core, the run store and the rollout side are told
 from __future__ import annotations
 
 import queue
-import statistics
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import pairwise
 from typing import Any
 
 from areal.utils import logging
@@ -58,6 +56,7 @@ from areal_marlaas.scheduler.core import (
     TrainOrder,
 )
 from areal_marlaas.scheduler.evals import failed_eval, run_eval
+from areal_marlaas.scheduler.summary import summarize
 from areal_marlaas.tasks.prompt_order import TaskData
 
 logger = logging.getLogger("MARLaaSRuntime")
@@ -94,6 +93,7 @@ class TaskRun:
     batch: list[dict[str, Any]] | None = None
     rewards: list[float] = field(default_factory=list)
     commits: list[float] = field(default_factory=list)
+    evals: list[tuple[int, float | None]] = field(default_factory=list)
     error: str = ""
 
 
@@ -595,6 +595,7 @@ class Runtime:
             why = f"{type(e).__name__}: {e}"
             logger.error(f"task {a.task} eval of v{a.version} failed: {why}")
             record, samples = failed_eval(t, a.version, start, why), []
+        t.evals.append((a.version, record["reward_mean"]))
         try:
             self.store.event(a.task, a.version, "eval", record["start"], record["end"])
             self.store.eval(record, samples)
@@ -605,31 +606,4 @@ class Runtime:
 
     # -- report -----------------------------------------------------------------
     def summary(self, wall: float) -> dict[str, Any]:
-        tasks = {}
-        steps = 0
-        for name, t in self.tasks.items():
-            state = self.core.tasks.get(name)
-            gaps = [b - a for a, b in pairwise([t.submitted_at, *t.commits])]
-            steps += len(t.commits)
-            tasks[name] = {
-                "steps": len(t.commits),
-                "final_version": state.version if state else t.start_version,
-                "status": state.phase.value if state else "rejected",
-                "error": t.error,
-                "kv_bytes": t.kv_bytes,
-                "reward_first": t.rewards[0] if t.rewards else None,
-                "reward_last": t.rewards[-1] if t.rewards else None,
-                "ttfs_s": gaps[0] if gaps else None,
-                "tpts_p50_s": statistics.median(gaps) if gaps else None,
-            }
-        return {
-            "mode": self.options.mode,
-            "trainers": self.trainer_count,
-            "wall_s": wall,
-            "train_steps_per_hour": steps / wall * 3600 if wall > 0 else 0.0,
-            "kv_budget": self.core.kv_budget,
-            "max_rolling": self.core.max_rolling,
-            "admission_holds": self.holds,
-            "kv_peak_reported": self.kv_peak_reported,
-            "tasks": tasks,
-        }
+        return summarize(self, wall)

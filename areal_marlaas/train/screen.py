@@ -192,12 +192,14 @@ class Screen:
 
 def format_summary(summary: dict[str, Any]) -> str:
     cols = ["task", "status", "steps", "version", "reward_first", "reward_last"]
-    cols += ["ttfs_s", "tpts_p50_s"]
+    cols += ["ttfs_s", "tpts_p50_s", "eval_last"]
     lines = ["  ".join(f"{c:>12}" for c in cols)]
     for name, t in summary["tasks"].items():
         vals = [name, t["status"], t["steps"], t["final_version"]]
         vals += [t.get(k) for k in ("reward_first", "reward_last")]
         vals += [t.get(k) for k in ("ttfs_s", "tpts_p50_s")]
+        last = t.get("eval_last")  # (version, reward) of the newest eval
+        vals.append(last[1] if last else None)
         lines.append("  ".join(f"{fmt(v, 3):>12}" for v in vals))
     for name, t in summary["tasks"].items():
         if t["status"] != "done" and t.get("error"):

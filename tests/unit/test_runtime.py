@@ -266,6 +266,7 @@ def test_evals_run_beside_the_next_rollout_and_land_in_the_run_directory(tmp_pat
     summary = Runtime([t], SlowEvals(0.5), Trainer(), s, options).run()
 
     assert summary["tasks"]["a"]["status"] == "done"
+    assert summary["tasks"]["a"]["eval_last"] == (3, 1.0)
     evals = read_jsonl(s.evals_path)
     assert [(e["version"], e["samples"], e["failed"]) for e in evals] == [
         (2, 3, 0),
