@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import openai
+import pytest
 from sqlalchemy import select
 
 from areal_marlaas.config.service import ServiceConfig
@@ -65,6 +66,20 @@ def start_service(root: Path, make_router=None, **overrides) -> Service:
     router = make_router(store) if make_router else None
     api = run_api(cfg, store, router, metrics=metrics)
     return Service(cfg, store, api, metrics, router)
+
+
+def service_fixture(**overrides):
+    """A module-scoped ``svc`` fixture: one service (``start_service``) per test
+    module, stopped after it."""
+
+    @pytest.fixture(scope="module")
+    def svc(tmp_path_factory):
+        service = start_service(tmp_path_factory.mktemp("svc"), **overrides)
+        yield service
+        service.api.stop()
+        service.store.close()
+
+    return svc
 
 
 def upload(client: openai.OpenAI, n: int = 6, name: str = "train.jsonl"):

@@ -16,6 +16,7 @@ from areal_marlaas.service.objects import (
     output_item_object,
 )
 from areal_marlaas.service.routes_files import check_limit
+from areal_marlaas.service.store import JobStore
 from areal_marlaas.service.store.evals import ORDERS
 from areal_marlaas.service.tables import Tenant
 
@@ -29,6 +30,12 @@ def _check(order: str, status: str | None, statuses: tuple[str, ...]) -> None:
         raise bad_request(f"order must be one of {', '.join(ORDERS)}.", "order")
     if status is not None and status not in statuses:
         raise bad_request(f"status must be one of {', '.join(statuses)}.", "status")
+
+
+def _validation_file(store: JobStore, tenant_id: str, eval_id: str) -> str | None:
+    """The file an eval's runs read (404 for another tenant's eval)."""
+    ev = store.get_eval(tenant_id, eval_id)
+    return store.get_job(tenant_id, ev.job_id).validation_file
 
 
 def evals_router() -> APIRouter:
@@ -66,8 +73,7 @@ def evals_router() -> APIRouter:
         check_limit(limit, LIST_MAX)
         _check(order, status, RUN_STATUSES)
         store = state(request).store
-        ev = store.get_eval(tenant.id, eval_id)
-        valid = store.get_job(tenant.id, ev.job_id).validation_file
+        valid = _validation_file(store, tenant.id, eval_id)
         page = store.list_eval_runs(
             tenant.id, eval_id, after=after, limit=limit, order=order, status=status
         )
@@ -79,8 +85,7 @@ def evals_router() -> APIRouter:
         request: Request, eval_id: str, run_id: str, tenant=Depends(tenant_of)
     ):
         store = state(request).store
-        ev = store.get_eval(tenant.id, eval_id)
-        valid = store.get_job(tenant.id, ev.job_id).validation_file
+        valid = _validation_file(store, tenant.id, eval_id)
         return eval_run_object(store.get_eval_run(tenant.id, eval_id, run_id), valid)
 
     @router.get("/evals/{eval_id}/runs/{run_id}/output_items")

@@ -153,44 +153,41 @@ class IsolatedReward:
         return reward
 
 
+@contextlib.contextmanager
+def _collecting(var: contextvars.ContextVar[list | None]) -> Iterator[list]:
+    """A list that ``var`` names while the block runs (this asyncio task's)."""
+    out: list = []
+    token = var.set(out)
+    try:
+        yield out
+    finally:
+        var.reset(token)
+
+
 # Why samples of the episode running in this asyncio task scored as they did (a
 # grader's errors), for the job's events; see ``collect_reward_reasons``.
-_REASONS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+_REASONS: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "marlaas_reward_reasons", default=None
+)
+# Each grader's verdict on those samples (a grader's Score carries them), for
+# per-grader step metrics.
+_GRADES: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "marlaas_reward_grades", default=None
 )
 
 
-@contextlib.contextmanager
-def collect_reward_reasons() -> Iterator[list[str]]:
-    reasons: list[str] = []
-    token = _REASONS.set(reasons)
-    try:
-        yield reasons
-    finally:
-        _REASONS.reset(token)
+def collect_reward_reasons() -> contextlib.AbstractContextManager[list[str]]:
+    return _collecting(_REASONS)
+
+
+def collect_reward_grades() -> contextlib.AbstractContextManager[list[dict]]:
+    return _collecting(_GRADES)
 
 
 def record_reward_reason(reason: str) -> None:
     reasons = _REASONS.get()
     if reasons is not None:
         reasons.append(reason)
-
-
-# Each grader's verdict on the samples of the episode running in this asyncio task
-# (a grader's Score carries them), for per-grader step metrics.
-_GRADES: contextvars.ContextVar[list[dict] | None] = contextvars.ContextVar(
-    "marlaas_reward_grades", default=None
-)
-
-
-@contextlib.contextmanager
-def collect_reward_grades() -> Iterator[list[dict]]:
-    grades: list[dict] = []
-    token = _GRADES.set(grades)
-    try:
-        yield grades
-    finally:
-        _GRADES.reset(token)
 
 
 def record_reward_grades(grades: list) -> None:

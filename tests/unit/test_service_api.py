@@ -23,25 +23,18 @@ from tests.service_helpers import (
     create_job,
     jsonl,
     rows,
+    service_fixture,
     snapshot,
-    start_service,
     upload,
 )
 
-
-@pytest.fixture(scope="module")
-def svc(tmp_path_factory):
-    service = start_service(
-        tmp_path_factory.mktemp("svc"),
-        max_file_bytes=64 * 1024,
-        max_files=6,
-        max_queued_jobs=4,
-        max_running_jobs=1,
-        max_request_bytes=256 * 1024,
-    )
-    yield service
-    service.api.stop()
-    service.store.close()
+svc = service_fixture(
+    max_file_bytes=64 * 1024,
+    max_files=6,
+    max_queued_jobs=4,
+    max_running_jobs=1,
+    max_request_bytes=256 * 1024,
+)
 
 
 def hp(**kw) -> dict:

@@ -9,7 +9,7 @@ import pytest
 
 from areal_marlaas.rundir.records import EvalRecord, EvalSample
 from areal_marlaas.service import eval_runs
-from tests.service_helpers import GRADER, create_job, start_service, upload
+from tests.service_helpers import GRADER, create_job, service_fixture, upload
 
 MULTI = {
     "type": "multi",
@@ -19,12 +19,7 @@ MULTI = {
 }
 
 
-@pytest.fixture(scope="module")
-def svc(tmp_path_factory):
-    service = start_service(tmp_path_factory.mktemp("svc"))
-    yield service
-    service.api.stop()
-    service.store.close()
+svc = service_fixture()
 
 
 def sample(i: int, reward: float | None) -> EvalSample:

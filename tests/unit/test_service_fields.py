@@ -18,17 +18,12 @@ from openai.types.fine_tuning.reinforcement_method_param import (
 )
 
 from areal_marlaas.service.jobs import task_spec
-from tests.service_helpers import GRADER, start_service, upload
+from tests.service_helpers import GRADER, service_fixture, upload
 
 HP = "method.reinforcement.hyperparameters"
 
 
-@pytest.fixture(scope="module")
-def svc(tmp_path_factory):
-    service = start_service(tmp_path_factory.mktemp("svc"))
-    yield service
-    service.api.stop()
-    service.store.close()
+svc = service_fixture()
 
 
 def method(**hp) -> dict:
