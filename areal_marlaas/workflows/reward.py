@@ -116,6 +116,9 @@ class IsolatedReward:
             cls._discard(task, pool)
 
     async def __call__(self, *args, **kwargs) -> float:
+        # The fork server's imports (torch among them) are not the reward's
+        # time: on a loaded 2-core machine they alone ran past a 30 s timeout.
+        await asyncio.to_thread(self.warm().join)
         pool = self._pool()
         call = partial(self.fn, *args, **kwargs)
         try:
