@@ -58,6 +58,10 @@ from areal_marlaas.train.stack import TrainingStack, add_tenant
 logger = logging.getLogger("MARLaaSServiceRunner")
 
 
+# Steps whose intervals give a job's estimated finish.
+ETA_WINDOW = 5
+
+
 @dataclass
 class Admitted:
     """A job the runtime holds (running, waiting for admission, or paused)."""
@@ -77,6 +81,8 @@ class Admitted:
     eval_every: int = 0
     start_version: int = 0
     pending: dict[int, StepRecord] = field(default_factory=dict)
+    # Commit times of its newest steps in this process (the job's ETA).
+    commits: list[float] = field(default_factory=list)
 
 
 def stack_config(cfg: ServiceRunConfig) -> ServiceRunConfig:
@@ -443,11 +449,15 @@ class ServiceRunner:
         )
         if due:
             held.pending[version] = r
+        held.commits = [*held.commits[-ETA_WINDOW:], r["t_commit"]]
         self.jobs.record_step(
             held.job_id,
             version,
             data,
             trained_tokens=held.trained_tokens,
+            estimated_finish=step_metrics.estimated_finish(
+                held.commits, held.total_steps - version
+            ),
             at=r["t_commit"],
             event=not due,
         )

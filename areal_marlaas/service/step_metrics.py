@@ -127,6 +127,15 @@ def _errors(train: list[GraderStat], valid: list[GraderStat]) -> list[dict[str, 
     return list(out.values())
 
 
+def estimated_finish(commit_times: list[float], steps_left: int) -> float | None:
+    """The job's ETA: its newest commit plus ``steps_left`` times the mean interval
+    between the given commits (None with fewer than two: no rate yet)."""
+    if len(commit_times) < 2:
+        return None
+    rate = (commit_times[-1] - commit_times[0]) / (len(commit_times) - 1)
+    return commit_times[-1] + max(steps_left, 0) * rate
+
+
 def message(data: dict[str, Any]) -> str:
     """``Step N/M, train mean reward=…, full validation mean reward=…``."""
     text = f"Step {data['step']}/{data['total_steps']}"

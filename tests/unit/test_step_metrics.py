@@ -176,3 +176,9 @@ def test_the_sdk_parses_the_event_and_the_checkpoint():
     assert isinstance(ckpt, FineTuningJobCheckpoint)
     assert ckpt.metrics.step == 3 and ckpt.metrics.train_loss == pytest.approx(0.1)
     assert ckpt.metrics.train_reward_mean == pytest.approx(0.5)  # type: ignore[attr-defined]
+
+
+def test_the_estimated_finish_extrapolates_the_mean_commit_interval():
+    assert step_metrics.estimated_finish([100.0], 4) is None  # no rate yet
+    assert step_metrics.estimated_finish([100.0, 110.0, 130.0], 3) == 130.0 + 3 * 15.0
+    assert step_metrics.estimated_finish([100.0, 110.0], 0) == 110.0
