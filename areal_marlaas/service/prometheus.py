@@ -85,6 +85,9 @@ class ServiceMetrics:
             ["method", "route", "code"],
             registry=self.registry,
         )
+        # The gauges' last values for the admin overview (None: never reported).
+        self._busy: float | None = None
+        self._kv: float | None = None
 
     # -- what the scheduler side calls -------------------------------------------
     def observe_ttfs(self, tenant: str, seconds: float) -> None:
@@ -94,14 +97,20 @@ class ServiceMetrics:
         self.step.labels(tenant).observe(seconds)
 
     def set_trainer_busy(self, fraction: float) -> None:
-        self.trainer_busy.set(min(max(fraction, 0.0), 1.0))
+        self._busy = min(max(fraction, 0.0), 1.0)
+        self.trainer_busy.set(self._busy)
 
     def set_kv_usage(self, fraction: float) -> None:
-        self.kv_usage.set(min(max(fraction, 0.0), 1.0))
+        self._kv = min(max(fraction, 0.0), 1.0)
+        self.kv_usage.set(self._kv)
 
     # -- what the API calls -------------------------------------------------------
     def observe_request(self, method: str, route: str, code: int) -> None:
         self.requests.labels(method, route, str(code)).inc()
+
+    def snapshot(self) -> dict[str, float | None]:
+        """The scheduler-reported gauges as last set."""
+        return {"trainer_busy_fraction": self._busy, "kv_usage_fraction": self._kv}
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

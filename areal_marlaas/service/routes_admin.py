@@ -1,0 +1,78 @@
+"""``/v1/admin/overview``: the operator's view of the whole service (admin key):
+every tenant's jobs, the queue in admission order, the trainer's busy fraction,
+the server's KV usage and the TTFS distribution. The dashboard's admin page
+reads it; tenants' keys get 401 like any unknown key."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+
+from areal_marlaas.service.auth import require_admin
+from areal_marlaas.service.deps import AppState, state
+from areal_marlaas.service.status import status_rows
+from areal_marlaas.service.tables import QUEUED
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated quantile (numpy's default), None when empty."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def overview(st: AppState) -> dict[str, Any]:
+    jobs = status_rows(st.store)
+    queued = [j for j in jobs if j["status"] == QUEUED]  # oldest first: admission
+    ttfs = [j["ttfs_s"] for j in jobs if j["ttfs_s"] is not None]
+    counts: dict[str, int] = {}
+    for j in jobs:
+        counts[j["tenant"]] = counts.get(j["tenant"], 0) + 1
+    gauges = st.metrics.snapshot()
+    return {
+        "object": "marlaas.overview",
+        "generated_at": time.time(),
+        "tenants": [
+            {
+                "id": t.id,
+                "name": t.name,
+                "disabled": t.disabled,
+                "jobs": counts.get(t.name, 0),
+            }
+            for t in st.store.list_tenants()
+        ],
+        "jobs": jobs,
+        "queue": [
+            {
+                "position": i + 1,
+                "tenant": j["tenant"],
+                "job": j["job"],
+                "created_at": j["created_at"],
+            }
+            for i, j in enumerate(queued)
+        ],
+        "trainer_busy_fraction": gauges["trainer_busy_fraction"],
+        "kv_usage_fraction": gauges["kv_usage_fraction"],
+        "ttfs_s": ttfs,
+        "ttfs_p50_s": quantile(ttfs, 0.5),
+        "ttfs_p95_s": quantile(ttfs, 0.95),
+    }
+
+
+def admin_router() -> APIRouter:
+    router = APIRouter(prefix="/v1/admin")
+
+    @router.get("/overview")
+    async def get_overview(request: Request):
+        st = state(request)
+        require_admin(st.cfg.admin_key_path, request)
+        return await run_in_threadpool(overview, st)
+
+    return router
