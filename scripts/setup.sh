@@ -42,6 +42,10 @@ vllm_pid=$!
 wait $areal_pid
 wait $vllm_pid
 
+# The dashboard's bundle is package data: built before the editable install.
+bash "$here/scripts/build_dashboard.sh"
+bash "$here/scripts/browser.sh"
+
 # The build backend warns about editable installs at every run: nothing to act on.
 PYTHONWARNINGS=ignore "$areal_venv/bin/pip" install -q -e "$here"
 "$areal_venv/bin/marlaas" prepare-model

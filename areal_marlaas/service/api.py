@@ -1,6 +1,7 @@
-"""The service's HTTP API: OpenAI's files, fine-tuning jobs and models endpoints
-under ``/v1`` (the official ``openai`` SDK is the reference client), an inference
-proxy, ``/metrics`` and ``/health``.
+"""The service's HTTP API: OpenAI's files, fine-tuning jobs, evals and models
+endpoints under ``/v1`` (the official ``openai`` SDK is the reference client), an
+inference proxy, the operator's ``/v1/admin/overview``, the ``/dashboard`` page,
+``/metrics`` and ``/health``.
 
 The API inserts requests (files, jobs, cancel/pause/resume actions) and reads;
 which process writes what is in ``areal_marlaas.service.store``.
@@ -20,6 +21,7 @@ from fastapi.responses import Response
 from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.graders import GradingContext
 from areal_marlaas.service.auth import require_admin
+from areal_marlaas.service.dashboard import dashboard_router
 from areal_marlaas.service.deps import AppState, state
 from areal_marlaas.service.errors import (
     NO_RETRY,
@@ -30,6 +32,7 @@ from areal_marlaas.service.errors import (
 from areal_marlaas.service.grading import service_grader_validator
 from areal_marlaas.service.prometheus import ServiceMetrics
 from areal_marlaas.service.router import ModelRouter
+from areal_marlaas.service.routes_admin import admin_router
 from areal_marlaas.service.routes_evals import evals_router
 from areal_marlaas.service.routes_files import MULTIPART_OVERHEAD, files_router
 from areal_marlaas.service.routes_graders import graders_router
@@ -86,6 +89,8 @@ def create_app(
     app.include_router(models_router())
     app.include_router(graders_router())
     app.include_router(evals_router())
+    app.include_router(admin_router())
+    app.include_router(dashboard_router())
 
     @app.get("/health")
     def health():
