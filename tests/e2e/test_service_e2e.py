@@ -25,6 +25,7 @@ from areal_marlaas.config import load_config
 from areal_marlaas.config.service import ServiceRunConfig
 from areal_marlaas.rollout.server import free_port
 from tests.conftest import REPO
+from tests.dashboard_helpers import DashboardPage, chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -370,7 +371,8 @@ def test_validation_evals_metrics_and_best_checkpoints(tmp_path):
     ]
     live = LiveService(tmp_path / "svc", common)
     a, b = live.add_tenant("acme"), live.add_tenant("bravo")
-    with live.running():
+    admin = live.marlaas("service", "admin-key", "--config", CONFIG, *live.overrides)
+    with live.running(), chromium() as browser:
         train = a.files.create(file=("t.jsonl", lines(10, 5)), purpose="fine-tune")
         valid = a.files.create(file=("v.jsonl", lines(3, 6)), purpose="fine-tune")
         j = a.fine_tuning.jobs.create(
@@ -379,6 +381,11 @@ def test_validation_evals_metrics_and_best_checkpoints(tmp_path):
             validation_file=valid.id,
             method=method(MULTI, eval_interval=1, eval_samples=3),
         )
+        # The dashboard, open on the job from its start and never reloaded.
+        dash = DashboardPage(browser, f"http://127.0.0.1:{live.port}")
+        dash.sign_in(a.api_key, f"#/jobs/{j.id}")
+        dash.page.wait_for_selector('[data-chart="reward"]')
+        dash.page.evaluate("window.sameDocument = true")
         job = wait_all(a, [j.id], 1500)[j.id]
         assert job.status == "succeeded", live.tail()
         steps = job.steps_done  # type: ignore[attr-defined]
@@ -451,6 +458,27 @@ def test_validation_evals_metrics_and_best_checkpoints(tmp_path):
         with pytest.raises(openai.NotFoundError):
             b.evals.runs.output_items.list(runs[1].id, eval_id=eval_id)
         assert b.evals.list().data == []
+
+        # The page followed the job as it ran: every step charted, the newest
+        # run's samples shown, in the document opened at the start.
+        p = dash.page
+        p.wait_for_selector(f'[data-chart="reward"][data-points="{steps}"]')
+        p.wait_for_selector('.samples[data-items="3"]')
+        assert p.evaluate("window.sameDocument") is True
+        assert p.get_attribute('[data-chart="graders"]', "data-series") == (
+            "exact train|exact valid|close train|close valid"
+        )
+        assert p.locator(".checkpoints tr[data-step]").count() == len(want)
+        dash.shot("dashboard-job")
+        assert dash.errors == []
+        dash.close()
+        ops = DashboardPage(browser, f"http://127.0.0.1:{live.port}")
+        ops.sign_in(admin.strip())
+        ops.page.wait_for_selector(f'.all-jobs tr[data-job="{j.id}"]')
+        ops.page.wait_for_selector('[data-chart="ttfs"][data-points="1"]')
+        ops.shot("dashboard-admin")
+        assert ops.errors == []
+        ops.close()
 
 
 def test_two_trainer_workers_serve_two_tenants_jobs(tmp_path):
