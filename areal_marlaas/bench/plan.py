@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_marlaas.config import BenchConfig, ConfigError, MARLaaSConfig, TaskSpec
-from areal_marlaas.config.bench import ABLATIONS
+from areal_marlaas.config.bench import ABLATIONS, EVAL_ABLATIONS
 from areal_marlaas.placement import parse_cpus
 
 PLACEMENTS = ("disaggregated", "collocated")
@@ -91,7 +91,9 @@ def plan_runs(bench: BenchConfig, cfg: MARLaaSConfig) -> list[RunPlan]:
                 f"{mode}_{name}",
                 mode,
                 "disaggregated",
-                with_evals(tasks, bench.eval_samples) if name == "evals" else tasks,
+                with_evals(tasks, bench.eval_samples)
+                if name in EVAL_ABLATIONS
+                else tasks,
                 "ablation",
                 extra,
                 scheduler=sched,

@@ -18,9 +18,14 @@ ABLATIONS: dict[str, tuple[str, dict[str, str], str]] = {
     "elastic": ("async", {"scheduler.elastic_cpus": "'{server_cpus}'"}, "null"),
     "two_trainers": ("async", {"scheduler.trainers": "2"}, "local"),
     "glibc_heap": ("async", {"keep_freed_pages": "false"}, "null"),
-    # Every task evaluates held-out rows after each step (plan.with_evals).
+    # Every task evaluates held-out rows after each step (plan.with_evals), with
+    # the trainer in the run's process or as LocalScheduler workers (compare
+    # with async@local).
     "evals": ("async", {}, "null"),
+    "evals_local": ("async", {}, "local"),
 }
+# The ablations whose tasks evaluate (plan.with_evals).
+EVAL_ABLATIONS = ("evals", "evals_local")
 
 
 @dataclass
@@ -50,7 +55,9 @@ class BenchConfig:
         metadata={
             "help": f"Ablation runs, of {list(ABLATIONS)} (no_multi_lora: async "
             "with one adapter per server batch; evals: async where every task "
-            "evaluates bench.eval_samples held-out rows after each step; elastic: "
+            "evaluates bench.eval_samples held-out rows after each step; "
+            "evals_local: the same with the trainer as LocalScheduler workers, "
+            "to compare with async@local; elastic: "
             "async whose trainer "
             "borrows the server's cores while no rollout runs; two_trainers: "
             "async with scheduler.trainers=2 as LocalScheduler workers, to "

@@ -405,3 +405,24 @@ def test_the_evals_ablation_adds_held_out_evals_to_the_same_tasks():
     assert (e.eval_interval, e.eval_samples) == (1, 6)
     assert e.eval_dataset is not None and e.eval_dataset.split == "test"
     assert e.dataset == t.dataset and e.batch_size == t.batch_size
+
+
+def test_the_evals_local_ablation_evaluates_with_local_scheduler_workers(bench_yaml):
+    from areal_marlaas.bench.plan import plan_runs
+    from areal_marlaas.bench.run import load_bench_config
+
+    bench, cfg, _, _ = load_bench_config(
+        [
+            "--config",
+            str(bench_yaml),
+            "bench.ablations=[evals_local]",
+            "bench.modes=[async]",
+            "bench.schedulers=[local]",
+            "bench.concurrency=[]",
+        ]
+    )
+    base, evals = plan_runs(bench, cfg)
+    assert (base.label, evals.label) == ("async@local", "async_evals_local")
+    assert base.scheduler == evals.scheduler == "local"
+    assert {t.eval_interval for t in evals.tasks} == {1}
+    assert {t.eval_interval for t in base.tasks} == {0}
