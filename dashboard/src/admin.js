@@ -35,6 +35,8 @@ export class AdminView {
       name: "ttfs",
       xLabel: "TTFS (s)",
       yLabel: "fraction of jobs",
+      steps: false,
+      yRange: [0, 1],
     });
   }
 

@@ -10,7 +10,8 @@ const COLORS = [
 
 export class StepChart {
   // series: [{label, dash?}], in the order of the y arrays given to update().
-  constructor(parent, { title, name, yLabel, xLabel = "step" }) {
+  // steps: an integer x axis; yRange: a fixed [min, max] (else auto).
+  constructor(parent, { title, name, yLabel, xLabel = "step", steps = true, yRange = null }) {
     this.box = document.createElement("div");
     this.box.className = "chart";
     this.box.dataset.chart = name;
@@ -18,12 +19,15 @@ export class StepChart {
     this.title = title;
     this.yLabel = yLabel;
     this.xLabel = xLabel;
+    this.steps = steps;
+    this.yRange = yRange;
     this.plot = null;
     this.labels = [];
   }
 
+  // The grid cell's width: charts fill their column and follow the window.
   width() {
-    return Math.max(280, Math.min(560, this.box.parentElement.clientWidth - 8));
+    return Math.max(260, this.box.clientWidth - 10);
   }
 
   // xs: numbers; ys: [{label, values (null = no point), dash?}]
@@ -42,8 +46,16 @@ export class StepChart {
       title: this.title,
       width: this.width(),
       height: 220,
-      scales: { x: { time: false } },
-      axes: [{ label: this.xLabel }, { label: this.yLabel }],
+      scales: {
+        x: { time: false },
+        y: this.yRange ? { range: this.yRange } : {},
+      },
+      axes: [
+        this.steps
+          ? { label: this.xLabel, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }
+          : { label: this.xLabel },
+        { label: this.yLabel },
+      ],
       series: [
         { label: this.xLabel },
         ...ys.map((s, i) => ({

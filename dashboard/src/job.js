@@ -145,7 +145,9 @@ export class JobView {
   }
 
   renderEvents(events) {
-    const rows = events.sort((a, b) => b.created_at - a.created_at || (a.id < b.id ? 1 : -1)).slice(0, 50);
+    // Newest first; within a second by event number (ids are ftevent-<n>).
+    const n = (e) => Number(e.id.split("-").pop());
+    const rows = events.sort((a, b) => b.created_at - a.created_at || n(b) - n(a)).slice(0, 50);
     clear(
       this.eventList,
       table(
