@@ -589,6 +589,28 @@ class ServiceRunner:
                     f"job {job.id}: recorded checkpoint v{version} committed before "
                     "the restart"
                 )
+            if job.eval_id is not None:
+                self._unvalidated(job, steps, state["version"])
+
+    def _unvalidated(self, job: Job, steps: dict[int, Any], committed: int) -> None:
+        """Steps recorded before a restart whose metrics event waited for a
+        validation that never returned: their event without validation scores,
+        so every step still has one (the resumed job evaluates only new steps)."""
+        have = self.jobs.metrics_steps(job.id)
+        for version in sorted(set(range(1, committed + 1)) - have):
+            row = steps.get(version)
+            if row is None:
+                continue
+            data = step_metrics.step_data(cast(StepRecord, row), job.steps_total)
+            self.jobs.add_event(
+                job.id, step_metrics.message(data), type="metrics", data=data
+            )
+            self.jobs.add_event(
+                job.id,
+                f"step {version}: its validation did not finish before the service "
+                "restarted; its metrics have no validation scores",
+                level="warn",
+            )
 
 
 def main(argv: list[str]) -> int:

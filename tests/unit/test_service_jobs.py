@@ -174,3 +174,51 @@ def test_restart_records_checkpoints_the_run_store_committed_but_the_db_missed(
     assert jobs.checkpoint_steps(job.id) == {1, 2}
     assert jobs.job(job.id).steps_done == 2
     jobs.close()
+
+
+def test_restart_gives_a_step_whose_validation_never_returned_its_metrics_event(
+    tmp_path,
+):
+    """A restart between a step's commit and its eval's return: the step was
+    recorded without its metrics event (it waited for the validation); the next
+    start writes it without validation scores, once, with a warning."""
+    from areal_marlaas.rundir.writer import RunStore
+    from areal_marlaas.service import step_metrics
+    from areal_marlaas.service.runner import ServiceRunner
+    from areal_marlaas.service.store import JobStore, NewJob
+
+    jobs = JobStore(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path)
+    tenant, _ = jobs.create_tenant("acme")
+    f = jobs.add_file(tenant.id, "t.jsonl", "fine-tune", b"{}\n", 1)
+    job, _ = jobs.create_job(
+        tenant.id, NewJob("m", f.id, None, {}, {}, None, 0, None, steps_total=4)
+    )
+    jobs.set_status(job.id, "queued")
+    jobs.set_status(job.id, "running")
+    jobs.ensure_eval(job.id, [])
+    store = RunStore(tmp_path / "runs" / "x", fresh=True)
+    for v in (1, 2):
+        d = store.adapter_dir(job.task_name, v)
+        d.mkdir(parents=True)
+        (d / "adapter_model.safetensors").write_bytes(b"x")
+        row = {"task": job.task_name, "version": v, "reward_mean": 0.25 * v}
+        store.step(row)
+        store.commit(job.task_name, v, {"cursor": 0, "steps": v})
+        data = step_metrics.step_data(row, 4)  # type: ignore[arg-type]
+        jobs.record_step(job.id, v, data, event=v == 1)  # v2's eval never returned
+        jobs.record_checkpoint(job.id, v, v, d)
+    assert jobs.metrics_steps(job.id) == {1}
+    runner = SimpleNamespace(jobs=jobs, store=store)
+    runner._unvalidated = lambda *a: ServiceRunner._unvalidated(runner, *a)  # type: ignore[attr-defined]
+
+    ServiceRunner._reconcile(runner)
+    ServiceRunner._reconcile(runner)  # idempotent
+
+    assert jobs.metrics_steps(job.id) == {1, 2}
+    events = jobs.list_events(tenant.id, job.id, limit=100).items
+    metrics = [e for e in events if e.type == "metrics" and e.data["step"] == 2]
+    assert len(metrics) == 1
+    assert metrics[0].data["scores"]["train_reward_mean"] == 0.5
+    assert "valid_reward_mean" not in metrics[0].data["scores"]
+    assert sum("validation did not finish" in e.message for e in events) == 1
+    jobs.close()

@@ -424,6 +424,13 @@ class ProgressStore(FileStore):
                 )
             )
 
+    def metrics_steps(self, job_id: str) -> set[int]:
+        """Steps the job has a ``metrics`` event for (restart reconciliation)."""
+        with self._read() as s:
+            metrics = Event.job_id == job_id, Event.type == "metrics"
+            datas = s.scalars(select(Event.data).where(*metrics))
+            return {int(d["step"]) for d in datas if d and "step" in d}
+
     def job_counts(self) -> dict[tuple[str, str], int]:
         """``(tenant_id, status) -> jobs``, for metrics."""
         with self._read() as s:
