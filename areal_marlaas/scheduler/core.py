@@ -29,7 +29,9 @@ trains a task's first batch since it was submitted ahead of the others (FIFO
 within each class): a tenant who just arrived waits for at most the batch in
 training and the other newcomers' first batches, not for every running task's
 next step. Each task jumps the queue once, so no batch waits behind more than
-one first batch per task.
+one first batch per task. ``fair`` shares trainer time between tenants by
+weight (``Submitted.tenant``/``weight``; ``TrainDone.train_s`` is charged):
+the tenant with the least weighted trainer time goes next, FIFO within it.
 
 Trainers: ``trainers`` steps may run at once, one per trainer. A task submitted
 with a ``trainer`` trains only there (that trainer holds its weights and optimizer
@@ -241,6 +243,7 @@ class SchedulerCore:
             if task.name not in self.training or event.version != task.version + 1:
                 raise ProtocolError(f"{event} while training {sorted(self.training)}")
             del self.training[task.name]
+            self.train_queue.finished(task, event.train_s)
             task.steps_done += 1
             task.errors = 0
             if task.stop is Stop.CANCEL:  # committed, but never served again
@@ -259,6 +262,8 @@ class SchedulerCore:
     def _submitted(self, event: Submitted) -> list[Action]:
         if event.task in self.tasks:
             raise ProtocolError(f"task {event.task!r} submitted twice")
+        if not event.weight > 0:
+            raise ProtocolError(f"task {event.task!r}: weight {event.weight} <= 0")
         if event.trainer is not None and not 0 <= event.trainer < self.trainers:
             raise ProtocolError(
                 f"task {event.task!r} placed on trainer {event.trainer}, but there "
@@ -282,6 +287,8 @@ class SchedulerCore:
             trainer=event.trainer,
             eval_every=event.eval_every,
             eval_kv_bytes=event.eval_kv_bytes,
+            tenant=event.tenant,
+            weight=event.weight,
         )
         if self.kv_budget is not None and event.eval_kv_bytes > self.kv_budget:
             raise AdmissionError(
@@ -493,6 +500,7 @@ class SchedulerCore:
         actions: list[Action] = []
         for task, slot in picked:
             self.train_queue.remove(task.name)
+            self.train_queue.started(task)
             self.table.move(task, Phase.TRAIN)
             self.training[task.name] = slot
             actions.append(StartTrain(task.name, task.version, slot))
@@ -520,7 +528,8 @@ class SchedulerCore:
 
     def _drop_batch(self, task: TaskState) -> None:
         self.train_queue.discard(task.name)
-        self.training.pop(task.name, None)
+        if self.training.pop(task.name, None) is not None:
+            self.train_queue.aborted(task)
 
     def _fail(self, task: TaskState, reason: str) -> list[Action]:
         self._drop_batch(task)

@@ -32,6 +32,10 @@ class Submitted:
     # an eval's KV footprint counts against the budget like a rollout's.
     eval_every: int = 0
     eval_kv_bytes: int = 0
+    # Fair share (train_order=fair): the tenant whose share the task's steps
+    # count toward ("": the task is its own tenant) and the tenant's weight.
+    tenant: str = ""
+    weight: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,9 @@ class RolloutDone:
 class TrainDone:
     task: str
     version: int  # the new, committed version
+    # The step's trainer-seconds, charged to its tenant's fair share (None: the
+    # queue's estimate is charged).
+    train_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,10 @@ class TaskRun:
     eval_rows: list[dict[str, Any]] | None = None
     eval_every: int = 0
     eval_kv_bytes: int = 0
+    # Fair share (scheduler.train_order=fair): its tenant ("": its own name)
+    # and the tenant's weight.
+    tenant: str = ""
+    weight: float = 1.0
     # filled while running
     submitted_at: float = 0.0
     ready_at: float = 0.0  # when it last became ready to roll out
@@ -223,6 +227,8 @@ class Runtime:
             trainer=self._trainer_of(t.name),
             eval_every=t.eval_every if t.eval_rows else 0,
             eval_kv_bytes=t.eval_kv_bytes if t.eval_rows else 0,
+            tenant=t.tenant,
+            weight=t.weight,
         )
 
     def _shutdown(self) -> None:
@@ -543,7 +549,7 @@ class Runtime:
         if self.options.on_step is not None:
             # Committed already: a listener's failure must not undo the step.
             self._quietly(self.options.on_step, record, stats)
-        return TrainDone(a.task, new)
+        return TrainDone(a.task, new, train_s=record["train_s"])
 
     def _save(self, task: str, version: int, folder: str) -> None:
         """Write version ``version``'s adapter and optimizer state, retrying a

@@ -58,6 +58,8 @@ class TaskState:
     eval_every: int = 0  # see Submitted.eval_every
     eval_kv_bytes: int = 0
     evals: int = 0  # evals queued or running
+    tenant: str = ""  # see Submitted.tenant ("" = its own name)
+    weight: float = 1.0
 
     @property
     def active(self) -> bool:

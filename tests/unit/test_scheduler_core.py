@@ -457,7 +457,9 @@ def test_a_placement_outside_the_trainers_is_refused():
 
 
 @settings(max_examples=200, deadline=None)
-@given(steps=TASK_STEPS, seed=SEEDS, order=st.sampled_from(["fifo", "first_steps"]))
+@given(
+    steps=TASK_STEPS, seed=SEEDS, order=st.sampled_from(["fifo", "first_steps", "fair"])
+)
 def test_placed_tasks_on_two_trainers_any_event_order(steps, seed, order):
     core = SchedulerCore(trainers=2, train_order=order)
     placed = {task: i % 2 for i, task in enumerate(sorted(steps))}

@@ -31,6 +31,7 @@ from areal_marlaas.scheduler.core import (
 )
 from areal_marlaas.scheduler.train_queue import (
     TRAIN_ORDERS,
+    FairTrainQueue,
     FIFOTrainQueue,
     FirstStepsTrainQueue,
     TrainOrder,
@@ -217,10 +218,11 @@ def test_the_kept_counts_match_a_recount_after_every_event(
 
 
 def test_each_train_order_is_one_queue_class():
-    assert TRAIN_ORDERS == ("fifo", "first_steps")
+    assert TRAIN_ORDERS == ("fifo", "first_steps", "fair")
     assert {o: type(create_train_queue(o)) for o in TrainOrder} == {
         TrainOrder.FIFO: FIFOTrainQueue,
         TrainOrder.FIRST_STEPS: FirstStepsTrainQueue,
+        TrainOrder.FAIR: FairTrainQueue,
     }
     with pytest.raises(ValueError, match="train_order must be one of"):
         create_train_queue("lifo")
