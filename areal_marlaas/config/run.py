@@ -262,6 +262,15 @@ class MARLaaSConfig(GRPOConfig):
                     "names must be unique."
                 )
             seen.add(task.name)
+        weights: dict[str, float] = {}
+        for i, task in enumerate(self.tasks):
+            tenant = task.tenant or task.name
+            if weights.setdefault(tenant, task.weight) != task.weight:
+                raise ConfigError(
+                    f"tasks.{i}.weight: tenant {tenant!r} has weight "
+                    f"{weights[tenant]} on an earlier task and {task.weight} here; "
+                    "a tenant has one weight."
+                )
         self._check_lora_slot()
         self._check_lengths()
         if self.server.launch == "workers" and self.scheduler.type is None:

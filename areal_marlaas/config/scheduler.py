@@ -40,7 +40,10 @@ class MARLaaSSchedulerConfig(SchedulerConfig):
             "help": "Order of the training queue. fifo: batches in the order their "
             "rollouts finished; first_steps: a task's first batch since it was "
             "submitted goes ahead of running tasks' later ones (shorter time to "
-            "a newly submitted job's first step; each task jumps the queue once).",
+            "a newly submitted job's first step; each task jumps the queue once); "
+            "fair: weighted fair share of trainer time between tenants (the "
+            "tenant with the least trainer-seconds / weight goes next, FIFO "
+            "within a tenant; tasks' tenant and weight, service tenants' weight).",
             "choices": list(TRAIN_ORDERS),
         },
     )

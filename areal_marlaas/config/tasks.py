@@ -377,6 +377,22 @@ class TaskSpec:
     priority: int = field(
         default=0, metadata={"help": "Admission priority (higher goes first)."}
     )
+    tenant: str = field(
+        default="",
+        metadata={
+            "help": "Whose fair share its training steps count toward under "
+            "scheduler.train_order=fair; tasks with the same tenant share one "
+            "share. Empty = the task is its own tenant."
+        },
+    )
+    weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "Its tenant's weight under scheduler.train_order=fair: a "
+            "weight-2 tenant gets twice the trainer time of a weight-1 one while "
+            "both have batches waiting (> 0; tasks of one tenant must agree)."
+        },
+    )
     lora_rank: int | None = field(
         default=None,
         metadata={
@@ -461,6 +477,11 @@ class TaskSpec:
             )
         if not self.lr > 0:
             raise ConfigError(f"{where}: lr must be > 0, got {self.lr}.")
+        if not self.weight > 0:
+            raise ConfigError(
+                f"{where}: weight must be > 0 (a tenant's share of the trainer "
+                f"under train_order=fair), got {self.weight}."
+            )
         if self.reward_timeout_s < 0:
             raise ConfigError(f"{where}: reward_timeout_s must be >= 0.")
         if self.dataset.size < 0:

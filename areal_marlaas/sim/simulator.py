@@ -49,6 +49,8 @@ class SimTask:
     priority: int = 0
     env_s: float | None = None  # tool-call time per batch; None = the models'
     profile: str | None = None  # the fitted task whose latencies it has (None: own)
+    tenant: str = ""  # train_order=fair: whose share ("": its own name)
+    weight: float = 1.0
 
     @property
     def fitted(self) -> str:
@@ -186,6 +188,8 @@ def simulate(
             kv_bytes=t.kv_bytes,
             priority=t.priority,
             trainer=i % trainers,
+            tenant=t.tenant,
+            weight=t.weight,
         )
         dispatch(core.handle(submitted))
 
@@ -199,7 +203,7 @@ def simulate(
                 "n_trajectories": spec[task].seqs,
             }
         )
-        dispatch(core.handle(TrainDone(task, v)))
+        dispatch(core.handle(TrainDone(task, v, train_s=now - train_start[task])))
 
     slow_train = 1 / (1 + models.train_contention)
     slow_gen = 1 / (1 + models.rollout.contention)

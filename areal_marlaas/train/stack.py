@@ -135,6 +135,8 @@ def add_tenant(
         workflow_kwargs=kwargs,
         kv_bytes=kv.task_bytes(spec) if kv is not None else 0,
         priority=spec.priority,
+        tenant=spec.tenant,
+        weight=spec.weight,
         start_version=version,
         eval_rows=eval_rows,
         eval_every=spec.eval_interval,

@@ -280,3 +280,22 @@ def test_eval_rows_are_one_seeded_draw_of_held_out_problems():
     assert len(rows) == 16 and rows == load_eval_rows(spec)
     train = {r["messages"][-1]["content"] for r in load_task_rows(spec)}
     assert not train & {r["messages"][-1]["content"] for r in rows}
+
+
+def test_a_tenant_with_two_weights_is_refused_naming_the_field(tmp_path):
+    import pytest
+
+    from areal_marlaas.config import ConfigError, load_config
+
+    tasks = tmp_path / "t.yaml"
+    tasks.write_text(
+        "tasks:\n"
+        "  - {name: a, kind: addition, tenant: acme, weight: 2}\n"
+        "  - {name: b, kind: addition, tenant: acme, weight: 1}\n"
+    )
+    with pytest.raises(ConfigError, match=r"tasks\.1\.weight: tenant 'acme'"):
+        load_config(["--config", "configs/quickstart.yaml", "--tasks", str(tasks)])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tasks:\n  - {name: a, kind: addition, weight: 0}\n")
+    with pytest.raises(ConfigError, match="weight must be > 0"):
+        load_config(["--config", "configs/quickstart.yaml", "--tasks", str(bad)])
