@@ -88,6 +88,8 @@ class EvalSample(TypedDict):
     reward: float | None  # None: the episode failed
     grades: list[dict]  # GraderGrade per grader (tasks with a grader)
     error: NotRequired[str]
+    prompt_tokens: NotRequired[int]
+    output_tokens: NotRequired[int]  # what the adapter generated
 
 
 class EvalRecord(TypedDict):
@@ -102,4 +104,5 @@ class EvalRecord(TypedDict):
     start: float
     end: float
     versions: list[int]  # adapter versions that generated it (one, normally)
+    generated_tokens: NotRequired[int]  # over every sample that came back
     error: NotRequired[str]  # the eval failed as a whole

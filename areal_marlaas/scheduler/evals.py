@@ -33,7 +33,7 @@ def run_eval(
             samples.append(_failed(i, row, why or "no trajectory came back"))
             continue
         ok.append(traj)
-        prompt, output = _texts(traj, t.data.tokenizer)
+        prompt, output, n_prompt, n_output = _texts(traj, t.data.tokenizer)
         samples.append(
             {
                 "index": i,
@@ -42,6 +42,8 @@ def run_eval(
                 "output": output,
                 "reward": float(trajectory.rewards([traj]).mean()),
                 "grades": list(traj.get("grades", [])),
+                "prompt_tokens": n_prompt,
+                "output_tokens": n_output,
             }
         )
     versions = sorted({v for x in ok for v in trajectory.generated_versions(x)})
@@ -55,6 +57,7 @@ def run_eval(
         "start": start,
         "end": time.time(),
         "versions": versions,
+        "generated_tokens": sum(s.get("output_tokens", 0) for s in samples),
     }
     return record, samples
 
@@ -87,10 +90,9 @@ def _failed(i: int, row: dict[str, Any], why: str) -> EvalSample:
     }
 
 
-def _texts(traj: dict[str, Any], tokenizer) -> tuple[str, str]:
-    """The prompt and the generated text of a one-sample trajectory."""
-    if tokenizer is None:
-        return "", ""
+def _texts(traj: dict[str, Any], tokenizer) -> tuple[str, str, int, int]:
+    """The prompt and the generated text of a one-sample trajectory, and their
+    token counts."""
     ids = trajectory.tensor(traj["input_ids"]).flatten().tolist()
     mask = trajectory.tensor(traj["loss_mask"]).flatten().tolist()
     att = traj.get("attention_mask")  # padding, when the layout has it
@@ -98,9 +100,13 @@ def _texts(traj: dict[str, Any], tokenizer) -> tuple[str, str]:
     pairs = [(i, m) for i, m, r in zip(ids, mask, real, strict=True) if r or m]
     prompt = [i for i, m in pairs if not m]
     output = [i for i, m in pairs if m]
+    if tokenizer is None:
+        return "", "", len(prompt), len(output)
     return (
         tokenizer.decode(prompt, skip_special_tokens=False),
         tokenizer.decode(output, skip_special_tokens=True),
+        len(prompt),
+        len(output),
     )
 
 

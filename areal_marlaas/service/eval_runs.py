@@ -92,9 +92,10 @@ def output_items(
                 "top_p": 1.0,
                 "usage": {
                     "cached_tokens": 0,
-                    "completion_tokens": 0,
-                    "prompt_tokens": 0,
-                    "total_tokens": 0,
+                    "completion_tokens": s.get("output_tokens", 0),
+                    "prompt_tokens": s.get("prompt_tokens", 0),
+                    "total_tokens": s.get("prompt_tokens", 0)
+                    + s.get("output_tokens", 0),
                 },
             },
             "reward": s["reward"],
