@@ -82,6 +82,7 @@ from areal_marlaas.scheduler.events import (
     Pause,
     PublishDone,
     Resume,
+    Reweight,
     RolloutDone,
     StartEval,
     StartPublish,
@@ -119,6 +120,7 @@ __all__ = [
     "ProtocolError",
     "PublishDone",
     "Resume",
+    "Reweight",
     "RolloutDone",
     "SchedulerCore",
     "StartEval",
@@ -226,6 +228,11 @@ class SchedulerCore:
             return []  # late news about a task that already ended
         if isinstance(event, Cancel | Pause | Resume):
             return self._control(task, event)
+        if isinstance(event, Reweight):
+            if not event.weight > 0:
+                raise ProtocolError(f"{event}: weight must be > 0")
+            task.weight = event.weight  # the fair queue reads it at each pick
+            return []
         if isinstance(event, TaskFailed):
             return self._fail(task, event.reason)
         if isinstance(event, TaskError):

@@ -112,6 +112,15 @@ class Resume:
     task: str
 
 
+@dataclass(frozen=True)
+class Reweight:
+    """The task's tenant has a new weight (train_order=fair): what it is charged
+    from now on; service already charged stays."""
+
+    task: str
+    weight: float
+
+
 Event = (
     Submitted
     | RolloutDone
@@ -124,6 +133,7 @@ Event = (
     | Cancel
     | Pause
     | Resume
+    | Reweight
 )
 
 

@@ -43,6 +43,7 @@ from areal_marlaas.scheduler.core import (
     Phase,
     PublishDone,
     Resume,
+    Reweight,
     RolloutDone,
     SchedulerCore,
     StartEval,
@@ -197,6 +198,9 @@ class Runtime:
     def pause(self, task: str) -> None:
         self.events.put(Pause(task))
 
+    def reweight(self, task: str, weight: float) -> None:
+        self.events.put(Reweight(task, weight))
+
     def resume(self, task: str) -> None:
         self.events.put(Resume(task))
 
@@ -303,6 +307,8 @@ class Runtime:
                 return
             self._dispatch_all(actions)
             return
+        if isinstance(event, Reweight) and event.task not in self.core.tasks:
+            return  # it ended and was released meanwhile
         self._dispatch_all(self.core.handle(event))
 
     def _next_event(self, wait_s: float | None = None):

@@ -10,6 +10,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +21,7 @@ from areal_marlaas.scheduler.core import (
     Pause,
     PublishDone,
     Resume,
+    Reweight,
     RolloutDone,
     SchedulerCore,
     StartPublish,
@@ -72,11 +74,13 @@ def simulate(
     rollout_s: float = 0.0,
     arrivals: bool = False,
     control: bool = False,
+    reweight: tuple[float, str, float] | None = None,
 ) -> Run:
     """Each tenant's tasks on the fair core in simulated time: rollouts take
     ``rollout_s`` (x a random factor when ``arrivals``), steps their tenant's
     cost, publishes nothing; ``arrivals``: tasks arrive at random times;
-    ``control``: random pauses, resumes and cancels."""
+    ``control``: random pauses, resumes and cancels; ``reweight`` = (time,
+    tenant, weight): the tenant's new weight from then on."""
     rng = random.Random(seed)
     core = SchedulerCore(train_order="fair", trainers=trainers)
     run = Run(core, {t: c for t, (_, c, _) in tenants.items()}, {})
@@ -103,9 +107,15 @@ def simulate(
             at(t, kind(task) if kind is Pause else Cancel(task, "test"))
             if kind is Pause:
                 at(t + rng.uniform(1, 30), Resume(task))
+    if reweight is not None:
+        t, tenant, weight = reweight
+        for i in range(tenants[tenant][2]):
+            at(t, Reweight(f"{tenant}{i}", weight))
     while clock:
         now, _, event = heapq.heappop(clock)
         task = getattr(event, "task", None)
+        if isinstance(event, Reweight):
+            run.weights[core.tasks[event.task].tenant] = event.weight
         if isinstance(event, Pause | Resume | Cancel) and task not in core.tasks:
             continue
         actions = core.handle(event)  # type: ignore[arg-type]
@@ -211,3 +221,15 @@ def test_arrivals_pauses_and_cancels_keep_the_invariants(tenants, trainers, seed
         assert trained == list(range(len(trained)))
         if task.phase is Phase.DONE:
             assert task.version == 4
+
+
+def test_a_reweighted_tenant_gets_its_new_share_from_then_on():
+    """a and b alike (weight 1, step 1 s, 3 tasks each); at t=20 a's weight goes
+    to 3: from then on, while both are backlogged, a starts 3x b's steps."""
+    tenants = {"a": (1.0, 1, 3), "b": (1.0, 1, 3)}
+    run = simulate(tenants, steps=40, trainers=1, seed=0, reweight=(20.0, "a", 3.0))
+    before = [x for t, x, _ in run.starts if t < 20]
+    assert abs(before.count("a") - before.count("b")) <= 1
+    end = min(t for t, b, _ in run.samples if t > 20 and len(b) < 2)
+    after = [x for t, x, _ in run.starts if 20 <= t < end]
+    assert after.count("a") == pytest.approx(3 * after.count("b"), rel=0.1)
