@@ -2,6 +2,7 @@
 
     marlaas service tenant add NAME     [--config X.yaml] [service.k=v ...]
     marlaas service tenant key NAME     (another key for NAME: rotation)
+    marlaas service tenant weight NAME W (its fair share; add takes --weight W)
     marlaas service tenant list
     marlaas service tenant revoke NAME [--key PREFIX]
     marlaas service tenant webhook add NAME --url URL [--secret whsec_...]
@@ -58,6 +59,13 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+WEIGHT_HELP = (
+    "Share of the trainer relative to other tenants under "
+    "scheduler.train_order=fair (default 1; a weight-2 tenant gets twice a "
+    "weight-1 one's trainer time while both wait)"
+)
+
+
 def add_commands(sub: argparse._SubParsersAction, **defaults) -> None:
     """The operator commands as subparsers of ``sub`` (this module's own parser
     and the ``marlaas`` tree), each with ``defaults`` set. Imports nothing
@@ -70,12 +78,17 @@ def add_commands(sub: argparse._SubParsersAction, **defaults) -> None:
     )
     tenant.set_defaults(**defaults)
     tsub = tenant.add_subparsers(dest="tenant_command", required=True)
-    for name, text in (
-        ("add", "Create a tenant; prints its API key once"),
-        ("key", "Issue another API key for a tenant (rotation)"),
-    ):
-        t = tsub.add_parser(name, help=text, description=text, parents=[common])
-        t.add_argument("name")
+    text = "Create a tenant; prints its API key once"
+    t = tsub.add_parser("add", help=text, description=text, parents=[common])
+    t.add_argument("name")
+    t.add_argument("--weight", type=float, default=1.0, help=WEIGHT_HELP)
+    text = "Issue another API key for a tenant (rotation)"
+    t = tsub.add_parser("key", help=text, description=text, parents=[common])
+    t.add_argument("name")
+    text = "Set a tenant's weight (its running jobs follow at the next poll)"
+    t = tsub.add_parser("weight", help=text, description=text, parents=[common])
+    t.add_argument("name")
+    t.add_argument("weight", type=float, help=WEIGHT_HELP)
     text = "Tenants and their active key prefixes"
     tsub.add_parser("list", help=text, description=text, parents=[common])
     text = "Revoke a tenant's keys (all: also disables it)"
@@ -183,7 +196,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 def _tenant(store, args: argparse.Namespace) -> int:
     cmd = args.tenant_command
     if cmd == "add":
-        tenant, key = store.create_tenant(args.name)
+        tenant, key = store.create_tenant(args.name, args.weight)
         print(key)
         print(
             f"Tenant {tenant.name} ({tenant.id}) created; the key is shown only now.",
@@ -191,11 +204,14 @@ def _tenant(store, args: argparse.Namespace) -> int:
         )
     elif cmd == "key":
         print(store.issue_key(args.name))
+    elif cmd == "weight":
+        store.set_weight(args.name, args.weight)
+        print(f"Tenant {args.name}: weight {args.weight:g}", file=sys.stderr)
     elif cmd == "list":
         for t in store.list_tenants():
             state = "disabled" if t.disabled else "active"
             keys = ", ".join(t.active_keys) or "no active keys"
-            print(f"{t.name}\t{t.id}\t{state}\t{keys}")
+            print(f"{t.name}\t{t.id}\t{state}\tweight {t.weight:g}\t{keys}")
     elif cmd == "webhook":
         return _webhook(store, args)
     elif cmd == "revoke":

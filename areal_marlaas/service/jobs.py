@@ -39,9 +39,14 @@ class JobFileError(ValueError):
 
 
 def task_spec(
-    job: Job, svc: ServiceConfig, train_path: Path, valid_path: Path | None = None
+    job: Job,
+    svc: ServiceConfig,
+    train_path: Path,
+    valid_path: Path | None = None,
+    weight: float = 1.0,
 ) -> TaskSpec:
-    """The job as a task: its adapter is named after the job's task name; with a
+    """The job as a task: its adapter is named after the job's task name, its
+    tenant (fair share) the job's with the tenant's ``weight``; with a
     validation file, it evaluates ``eval_samples`` of its rows every
     ``eval_interval`` steps and after the last."""
     hp = job.hyperparameters
@@ -67,6 +72,8 @@ def task_spec(
         total_steps=int(job.steps_total),
         lr=float(hp["learning_rate"]),
         seed=int(job.seed or 0),
+        tenant=job.tenant_id,
+        weight=weight,
         **evals,
     )
 

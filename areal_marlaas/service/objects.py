@@ -26,6 +26,16 @@ def _ts(t: float | None) -> int | None:
     return None if t is None else int(t)
 
 
+def job_usage(job: Job) -> dict[str, Any]:
+    """What the job used so far (summed over its committed steps and evals)."""
+    return {
+        "trainer_s": job.trainer_s or 0.0,
+        "generated_tokens": job.generated_tokens or 0,
+        "trained_tokens": job.trained_tokens or 0,
+        "eval_tokens": job.eval_tokens or 0,
+    }
+
+
 def job_object(job: Job, pending: list[str] | None = None) -> dict[str, Any]:
     hp = dict(job.hyperparameters or {})
     return {
@@ -54,6 +64,7 @@ def job_object(job: Job, pending: list[str] | None = None) -> dict[str, Any]:
         "steps_total": job.steps_total,
         "started_at": _ts(job.started_at),
         "ttfs_s": job.ttfs_s,
+        "usage": job_usage(job),
         # Its validation runs (client.evals), when it has a validation file.
         "eval_id": job.eval_id,
         # The newest cancel/pause/resume the scheduler has not applied yet.

@@ -1,8 +1,9 @@
 """Prometheus metrics of the service, on a registry of its own (not the process
 global one, which AReaL and vLLM clients may also fill).
 
-Jobs per tenant and status and the queue length are read from the job store at
-scrape time. The scheduler side reports the rest through :class:`ServiceMetrics`:
+Jobs per tenant and status, the queue length and each tenant's usage are read
+from the job store at scrape time. The scheduler side reports the rest through
+:class:`ServiceMetrics`:
 ``observe_ttfs``, ``observe_step``, ``set_trainer_busy``, ``set_kv_usage``.
 """
 
@@ -15,7 +16,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from areal_marlaas.service.store import JobStore
@@ -24,6 +25,19 @@ from areal_marlaas.service.tables import QUEUED, STATUSES
 # Seconds; TTFS spans queueing, so it reaches hours on a busy pool.
 TTFS_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, float("inf"))
 STEP_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, float("inf"))
+
+
+# Per-tenant usage, summed over its jobs from the job store at scrape time.
+USAGE = (
+    ("trainer_s", "marlaas_tenant_trainer_seconds", "Trainer-seconds of its steps."),
+    (
+        "generated_tokens",
+        "marlaas_tenant_generated_tokens",
+        "Tokens generated for its trained batches.",
+    ),
+    ("trained_tokens", "marlaas_tenant_trained_tokens", "Tokens trained on."),
+    ("eval_tokens", "marlaas_tenant_eval_tokens", "Tokens its evals generated."),
+)
 
 
 class _JobsCollector(Collector):
@@ -45,6 +59,12 @@ class _JobsCollector(Collector):
         )
         queue.add_metric([], sum(n for (_, s), n in counts.items() if s == QUEUED))
         yield queue
+        usage = self.store.usage_by_tenant()  # by tenant name
+        for key, name, text in USAGE:
+            family = CounterMetricFamily(name, text, labels=["tenant"])
+            for tenant, u in usage.items():
+                family.add_metric([tenant], u[key])
+            yield family
 
 
 class ServiceMetrics:

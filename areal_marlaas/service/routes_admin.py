@@ -1,7 +1,8 @@
-"""``/v1/admin/overview``: the operator's view of the whole service (admin key):
-every tenant's jobs, the queue in admission order, the trainer's busy fraction,
-the server's KV usage and the TTFS distribution. The dashboard's admin page
-reads it; tenants' keys get 401 like any unknown key."""
+"""The operator's endpoints (admin key; tenants' keys get 401 like any unknown
+key). ``/v1/admin/overview``: every tenant's jobs, the queue in admission order,
+the trainer's busy fraction, the server's KV usage and the TTFS distribution
+(the dashboard's admin page). ``/v1/admin/usage``: what each tenant and each job
+used (trainer-seconds, generated, trained and eval tokens)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from areal_marlaas.service.auth import require_admin
 from areal_marlaas.service.deps import AppState, state
+from areal_marlaas.service.objects import job_usage
 from areal_marlaas.service.status import status_rows
 from areal_marlaas.service.tables import QUEUED
 
@@ -36,6 +38,7 @@ def overview(st: AppState) -> dict[str, Any]:
     for j in jobs:
         counts[j["tenant"]] = counts.get(j["tenant"], 0) + 1
     gauges = st.metrics.snapshot()
+    usage = st.store.usage_by_tenant()
     return {
         "object": "marlaas.overview",
         "generated_at": time.time(),
@@ -45,6 +48,8 @@ def overview(st: AppState) -> dict[str, Any]:
                 "name": t.name,
                 "disabled": t.disabled,
                 "jobs": counts.get(t.name, 0),
+                "weight": t.weight,
+                "usage": usage.get(t.name, {}),
             }
             for t in st.store.list_tenants()
         ],
@@ -66,6 +71,21 @@ def overview(st: AppState) -> dict[str, Any]:
     }
 
 
+def usage(st: AppState) -> dict[str, Any]:
+    jobs = [
+        {"tenant": tenant, "job": job.id, "status": job.status, **job_usage(job)}
+        for job, tenant in st.store.all_jobs()
+    ]
+    return {
+        "object": "marlaas.usage",
+        "generated_at": time.time(),
+        "tenants": [
+            {"tenant": name, **u} for name, u in st.store.usage_by_tenant().items()
+        ],
+        "jobs": jobs,
+    }
+
+
 def admin_router() -> APIRouter:
     router = APIRouter(prefix="/v1/admin")
 
@@ -74,5 +94,11 @@ def admin_router() -> APIRouter:
         st = state(request)
         require_admin(st.cfg.admin_key_path, request)
         return await run_in_threadpool(overview, st)
+
+    @router.get("/usage")
+    async def get_usage(request: Request):
+        st = state(request)
+        require_admin(st.cfg.admin_key_path, request)
+        return await run_in_threadpool(usage, st)
 
     return router

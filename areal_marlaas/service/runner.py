@@ -17,13 +17,11 @@ but the database missed.
 from __future__ import annotations
 
 import io
-import shutil
 import tarfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from areal.utils import logging
 from areal.utils.hf_utils import load_hf_tokenizer
@@ -31,18 +29,17 @@ from areal.utils.hf_utils import load_hf_tokenizer
 from areal_marlaas import admission
 from areal_marlaas.config.service import ServiceRunConfig
 from areal_marlaas.rollout.server_metrics import scrape
-from areal_marlaas.rundir.reader import task_steps
 from areal_marlaas.rundir.records import EvalRecord, EvalSample, StepRecord
 from areal_marlaas.scheduler.backends import TaskStatus
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
-from areal_marlaas.scheduler.tasks import eval_due
-from areal_marlaas.service import eval_runs, step_metrics
+from areal_marlaas.service import eval_runs
 from areal_marlaas.service import jobs as jobspec
 from areal_marlaas.service.grading import service_grader_validator
 from areal_marlaas.service.prometheus import ServiceMetrics
+from areal_marlaas.service.recorder import Admitted, JobRecorder
 from areal_marlaas.service.router import VLLMModelRouter
 from areal_marlaas.service.server import run_api
-from areal_marlaas.service.store import JobStore, checkpoint_name
+from areal_marlaas.service.store import JobStore
 from areal_marlaas.service.tables import (
     CANCELLED,
     PAUSED,
@@ -56,33 +53,6 @@ from areal_marlaas.service.tables import (
 from areal_marlaas.train.stack import TrainingStack, add_tenant
 
 logger = logging.getLogger("MARLaaSServiceRunner")
-
-
-# Steps whose intervals give a job's estimated finish.
-ETA_WINDOW = 5
-
-
-@dataclass
-class Admitted:
-    """A job the runtime holds (running, waiting for admission, or paused)."""
-
-    job_id: str
-    tenant_id: str
-    task: str
-    total_steps: int
-    started: bool = False  # rolled out at least once in this process
-    waiting: bool = False  # a hold was reported
-    first_step_seen: bool = False
-    paused_by_tenant: bool = False
-    trained_tokens: int = 0
-    # Validation (a job with a validation file): its eval, how often, and the
-    # step records whose metrics event waits for their eval's scores.
-    eval_id: str | None = None
-    eval_every: int = 0
-    start_version: int = 0
-    pending: dict[int, StepRecord] = field(default_factory=dict)
-    # Commit times of its newest steps in this process (the job's ETA).
-    commits: list[float] = field(default_factory=list)
 
 
 def stack_config(cfg: ServiceRunConfig) -> ServiceRunConfig:
@@ -105,6 +75,7 @@ class ServiceRunner:
         self.stop = stop or threading.Event()
         self.jobs = JobStore.from_config(self.svc)
         self.metrics = ServiceMetrics(self.jobs)
+        self.recorder = JobRecorder(self.jobs, self.store, self.svc, self.metrics)
         self.admitted: dict[str, Admitted] = {}  # task name -> job
         self._lock = threading.Lock()
         self.runtime: Runtime | None = None
@@ -131,7 +102,7 @@ class ServiceRunner:
                 [], rollout, stack.train_backend(), self.store, self._options()
             )
             stack.start_stats(10**6)  # open-ended: jobs keep arriving
-            self._reconcile()
+            self.recorder.reconcile()
             router = VLLMModelRouter(
                 self.jobs,
                 stack.session.addresses[0],
@@ -168,7 +139,6 @@ class ServiceRunner:
     def _options(self) -> RuntimeOptions:
         options = self.stack.runtime_options(on_step=self._progress)
         options.on_status = self._on_status
-        options.on_publish = self._on_publish
         options.on_eval = self._on_eval
         options.max_tasks = self.svc.max_tasks
         options.release_finished = True
@@ -181,9 +151,22 @@ class ServiceRunner:
                 self._apply_actions()
                 self._validate()
                 self._admit()
+                self._reweigh()
                 self._gauges()
             except Exception:  # the poller must survive one bad job or query
                 logger.error(f"job poller: {traceback.format_exc()}")
+
+    def _reweigh(self) -> None:
+        """Tenants whose weight the operator changed: their held jobs' tasks
+        are charged at the new weight from now on."""
+        weights = self.jobs.tenant_weights()
+        with self._lock:
+            held = list(self.admitted.values())
+        for h in held:
+            w = weights.get(h.tenant_id, 1.0)
+            if w != h.weight and self.runtime is not None:
+                self.runtime.reweight(h.task, w)
+                h.weight = w
 
     def _apply_actions(self) -> None:
         for action in self.jobs.pending_actions():
@@ -284,7 +267,10 @@ class ServiceRunner:
             if job.validation_file
             else None
         )
-        return jobspec.task_spec(job, self.svc, self.jobs.file_of_job(job.id), valid)
+        weight = self.jobs.tenant_weights().get(job.tenant_id, 1.0)
+        return jobspec.task_spec(
+            job, self.svc, self.jobs.file_of_job(job.id), valid, weight=weight
+        )
 
     def _admit(self) -> None:
         """Hand queued (and, after a restart, running) jobs to the runtime, as far
@@ -351,6 +337,7 @@ class ServiceRunner:
                 eval_id=eval_id,
                 eval_every=spec.eval_interval,
                 start_version=task.start_version,
+                weight=spec.weight,
             )
         self.jobs.set_plan(job.id, steps_total=spec.total_steps)
         self.stack.screen.add(spec.name, task.start_version, spec.total_steps)
@@ -402,7 +389,7 @@ class ServiceRunner:
         elif status == TaskStatus.DONE:
             self._finish(held)
         elif status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
-            self._flush(held)
+            self.recorder.flush(held)
             with self._lock:
                 self.admitted.pop(task, None)
             if status == TaskStatus.CANCELLED:
@@ -414,7 +401,7 @@ class ServiceRunner:
         """The final adapter as a result file (a tar.gz of the PEFT folder), then
         ``succeeded``."""
         state = self.store.committed(held.task)
-        self._flush(held)
+        self.recorder.flush(held)
         try:
             assert state is not None  # the job finished at a committed version
             folder = self.store.adapter_dir(held.task, state["version"])
@@ -438,179 +425,14 @@ class ServiceRunner:
     def _progress(self, r: StepRecord, stats: dict[str, float]) -> None:
         self.stack.log_step(r, stats)
         held = self._job_of(r["task"])
-        if held is None:
-            return
-        data = step_metrics.step_data(r, held.total_steps)
-        version = r["version"]
-        held.trained_tokens += int(r.get("trained_tokens") or 0)
-        # An evaluated step's metrics event waits for its validation scores.
-        due = held.eval_id is not None and eval_due(
-            version, held.eval_every, held.total_steps, held.start_version
-        )
-        if due:
-            held.pending[version] = r
-        held.commits = [*held.commits[-ETA_WINDOW:], r["t_commit"]]
-        self.jobs.record_step(
-            held.job_id,
-            version,
-            data,
-            trained_tokens=held.trained_tokens,
-            estimated_finish=step_metrics.estimated_finish(
-                held.commits, held.total_steps - version
-            ),
-            at=r["t_commit"],
-            event=not due,
-        )
-        self.jobs.record_checkpoint(
-            held.job_id,
-            version,
-            version,
-            self.store.adapter_dir(r["task"], version),
-            step_metrics.checkpoint_metrics(data),
-        )
-        self._prune(held)
-        self.metrics.observe_step(held.tenant_id, r["train_s"])
-        if not held.first_step_seen:
-            held.first_step_seen = True
-            job = self.jobs.job(held.job_id)
-            if job.ttfs_s is not None:
-                self.metrics.observe_ttfs(held.tenant_id, job.ttfs_s)
-        for reason, n in (r.get("reward_reasons") or {}).items():
-            self.jobs.add_event(
-                held.job_id,
-                f"step {version}: {n} sample(s) scored 0: {reason}",
-                level="warn",
-            )
-
-    def _prune(self, held: Admitted) -> None:
-        """Drop the checkpoints beyond the newest and the best ones (those whose
-        validation runs stay), rows first: a crash between the two leaves only
-        files that nothing names."""
-        job_id = held.job_id
-        by = "valid_reward_mean" if held.eval_id else "train_reward_mean"
-        for step, path in self.jobs.prune_checkpoints(
-            job_id, self.svc.keep_checkpoints, by, frozenset(held.pending)
-        ):
-            shutil.rmtree(self.jobs.root / path, ignore_errors=True)
-            logger.info(f"job {job_id}: deleted checkpoint step {step} ({path})")
+        if held is not None:
+            self.recorder.step(held, r)
 
     def _on_eval(self, r: EvalRecord, samples: list[EvalSample]) -> None:
-        """A step's validation: an eval run with its samples, then the step's
-        metrics event with its validation scores, the checkpoint's metrics and
-        the retention that ranks by them."""
         self.stack.log_eval(r, samples)
         held = self._job_of(r["task"])
-        if held is None or held.eval_id is None:
-            return
-        version = r["version"]
-        job = self.jobs.job(held.job_id)
-        model = (
-            checkpoint_name(job.fine_tuned_model, version)
-            if job.fine_tuned_model
-            else job.model
-        )
-        self.jobs.record_eval_run(
-            held.eval_id,
-            version,
-            model,
-            "failed" if r["reward_mean"] is None else "completed",
-            eval_runs.run_result(r, samples),
-            eval_runs.output_items(
-                samples, model, self.svc.temperature, self.svc.max_new_tokens
-            ),
-        )
-        record = held.pending.pop(version, None)
-        if record is not None:
-            valid = None
-            if r["reward_mean"] is not None:
-                valid = {"reward_mean": r["reward_mean"], "graders": r["graders"]}
-            self._metrics_event(held, record, valid, r["end"] - r["start"])
-        self._prune(held)
-
-    def _metrics_event(
-        self,
-        held: Admitted,
-        r: StepRecord,
-        valid: dict[str, Any] | None = None,
-        eval_s: float | None = None,
-    ) -> None:
-        data = step_metrics.step_data(r, held.total_steps, valid, eval_s)
-        self.jobs.add_event(
-            held.job_id, step_metrics.message(data), type="metrics", data=data
-        )
-        self.jobs.update_checkpoint_metrics(
-            held.job_id, r["version"], step_metrics.checkpoint_metrics(data)
-        )
-
-    def _flush(self, held: Admitted) -> None:
-        """A job ending with evals that never ran: their steps' events without
-        validation scores."""
-        for version in sorted(held.pending):
-            self._metrics_event(held, held.pending.pop(version))
-
-    def _on_publish(self, task: str, version: int) -> None:
-        """Nothing to do per publish yet (evaluation would hook in here)."""
-
-    # -- restart ----------------------------------------------------------------
-    def _reconcile(self) -> None:
-        """After a restart: every version the run store committed has its
-        checkpoint in the database (a crash can fall between the two)."""
-        for job in self.jobs.jobs_with_status(RUNNING, QUEUED, PAUSED):
-            state = self.store.committed(job.task_name)
-            if state is None:
-                continue
-            # Only versions past the newest recorded one: older ones missing
-            # from the database were pruned on purpose.
-            have = self.jobs.checkpoint_steps(job.id)
-            newest = max(have, default=0)
-            steps = {
-                s["version"]: s for s in task_steps(self.store.root, job.task_name)
-            }
-            for version in range(1, state["version"] + 1):
-                folder = self.store.adapter_dir(job.task_name, version)
-                if version <= newest or not folder.is_dir():
-                    continue
-                row = steps.get(version)
-                data = (
-                    step_metrics.step_data(cast(StepRecord, row), job.steps_total)
-                    if row is not None
-                    else {"step": version, "total_steps": job.steps_total}
-                )
-                if job.status != PAUSED:
-                    self.jobs.record_step(job.id, version, data)
-                self.jobs.record_checkpoint(
-                    job.id,
-                    version,
-                    version,
-                    folder,
-                    step_metrics.checkpoint_metrics(data),
-                )
-                logger.warning(
-                    f"job {job.id}: recorded checkpoint v{version} committed before "
-                    "the restart"
-                )
-            if job.eval_id is not None:
-                self._unvalidated(job, steps, state["version"])
-
-    def _unvalidated(self, job: Job, steps: dict[int, Any], committed: int) -> None:
-        """Steps recorded before a restart whose metrics event waited for a
-        validation that never returned: their event without validation scores,
-        so every step still has one (the resumed job evaluates only new steps)."""
-        have = self.jobs.metrics_steps(job.id)
-        for version in sorted(set(range(1, committed + 1)) - have):
-            row = steps.get(version)
-            if row is None:
-                continue
-            data = step_metrics.step_data(cast(StepRecord, row), job.steps_total)
-            self.jobs.add_event(
-                job.id, step_metrics.message(data), type="metrics", data=data
-            )
-            self.jobs.add_event(
-                job.id,
-                f"step {version}: its validation did not finish before the service "
-                "restarted; its metrics have no validation scores",
-                level="warn",
-            )
+        if held is not None:
+            self.recorder.eval(held, r, samples)
 
 
 def main(argv: list[str]) -> int:

@@ -22,6 +22,9 @@ def status_rows(store: JobStore) -> list[dict]:
                 "ttfs_s": job.ttfs_s,
                 "created_at": job.created_at,
                 "fine_tuned_model": job.fine_tuned_model,
+                "trainer_s": job.trainer_s or 0.0,
+                "generated_tokens": job.generated_tokens or 0,
+                "eval_tokens": job.eval_tokens or 0,
             }
         )
     return rows
@@ -34,7 +37,7 @@ def format_status(store: JobStore, now: float | None = None) -> str:
     lines = [f"{len(tenants)} tenant(s), {len(rows)} job(s)"]
     if not rows:
         return lines[0]
-    header = ("tenant", "job", "status", "steps", "ttfs", "age")
+    header = ("tenant", "job", "status", "steps", "ttfs", "trainer", "tokens", "age")
     table: list[tuple[str, ...]] = [header]
     for r in rows:
         ttfs = "-" if r["ttfs_s"] is None else f"{r['ttfs_s']:.1f}s"
@@ -45,6 +48,8 @@ def format_status(store: JobStore, now: float | None = None) -> str:
                 r["status"],
                 f"{r['steps_done']}/{r['steps_total']}",
                 ttfs,
+                f"{r['trainer_s']:.1f}s",
+                str(r["generated_tokens"] + r["eval_tokens"]),
                 _age(now - r["created_at"]),
             )
         )
@@ -54,6 +59,15 @@ def format_status(store: JobStore, now: float | None = None) -> str:
             "  ".join(
                 str(c).ljust(w) for c, w in zip(row, widths, strict=True)
             ).rstrip()
+        )
+    usage = store.usage_by_tenant()
+    lines.append(
+        "usage per tenant (trainer-seconds, generated / trained / eval tokens):"
+    )
+    for name, u in usage.items():
+        lines.append(
+            f"  {name}: {u['trainer_s']:.1f}s, {u['generated_tokens']} / "
+            f"{u['trained_tokens']} / {u['eval_tokens']}"
         )
     return "\n".join(lines)
 

@@ -74,6 +74,8 @@ class Tenant(Base):
     name: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[float] = mapped_column(Float)
     disabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Its share of the trainer under scheduler.train_order=fair.
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1.0")
 
 
 class ApiKey(Base):
@@ -148,6 +150,13 @@ class Job(Base):
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     ttfs_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     trained_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Usage, summed over its committed steps and evals (the run directory's
+    # step and eval records).
+    trainer_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    generated_tokens: Mapped[int] = mapped_column(
+        Integer, default=0, server_default="0"
+    )
+    eval_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     steps_total: Mapped[int] = mapped_column(Integer)
     steps_done: Mapped[int] = mapped_column(Integer, default=0)
     result_files: Mapped[list[str]] = mapped_column(Json)

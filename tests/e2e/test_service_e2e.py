@@ -24,6 +24,7 @@ from areal_marlaas.bench.service_load import ServiceProcess, arithmetic_lines
 from areal_marlaas.config import load_config
 from areal_marlaas.config.service import ServiceRunConfig
 from areal_marlaas.rollout.server import free_port
+from areal_marlaas.service.store import task_name_of
 from tests.conftest import REPO
 from tests.dashboard_helpers import DashboardPage, chromium
 
@@ -519,6 +520,12 @@ def test_two_trainer_workers_serve_two_tenants_jobs(tmp_path):
         assert placed.setdefault(r["task"], r["trainer"]) == r["trainer"]
     assert sorted(placed.values()) == [0, 1], records
     assert (run / "logs" / "actor1.log").is_file()
+    # Usage in the API is the sum over the run directory's step records.
+    for job in done:
+        mine = [r for r in records if r["task"] == task_name_of(job.id)]
+        usage = job.usage  # type: ignore[attr-defined]
+        assert usage["trainer_s"] == pytest.approx(sum(r["train_s"] for r in mine))
+        assert usage["generated_tokens"] == sum(r["trained_tokens"] for r in mine)
 
 
 def test_bench_service_runs_async_and_fifo_services_under_poisson_load(tmp_path):

@@ -29,6 +29,7 @@ EXPECTED = {
     ("service", "tenant"),
     ("service", "tenant", "add"),
     ("service", "tenant", "key"),
+    ("service", "tenant", "weight"),
     ("service", "tenant", "list"),
     ("service", "tenant", "revoke"),
     ("service", "tenant", "webhook"),

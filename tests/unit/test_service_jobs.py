@@ -95,12 +95,14 @@ def test_a_job_becomes_a_task_spec(tmp_path):
         method={"reinforcement": {"grader": GRADER}},
         steps_total=7,
         seed=5,
+        tenant_id="org-1",
     )
     svc = ServiceConfig(max_new_tokens=32, max_prompt_tokens=200, temperature=0.9)
 
-    spec = task_spec(job, svc, tmp_path / "t.jsonl")
+    spec = task_spec(job, svc, tmp_path / "t.jsonl", weight=2.0)
 
     assert (spec.name, spec.kind, spec.grader) == ("job_abc", "", GRADER)
+    assert (spec.tenant, spec.weight) == ("org-1", 2.0)
     assert (spec.batch_size, spec.n_samples, spec.total_steps) == (3, 4, 7)
     assert (spec.lr, spec.seed, spec.temperature) == (2e-4, 5, 0.9)
     assert spec.dataset.format == "messages"
@@ -146,8 +148,9 @@ def test_restart_records_checkpoints_the_run_store_committed_but_the_db_missed(
 ):
     """A crash between the run store's commit and the database write: the next
     start adds exactly the missing checkpoints (none twice)."""
+    from areal_marlaas.config.service import ServiceConfig
     from areal_marlaas.rundir.writer import RunStore
-    from areal_marlaas.service.runner import ServiceRunner
+    from areal_marlaas.service.recorder import JobRecorder
     from areal_marlaas.service.store import JobStore, NewJob
 
     jobs = JobStore(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path)
@@ -166,10 +169,10 @@ def test_restart_records_checkpoints_the_run_store_committed_but_the_db_missed(
         store.step({"task": job.task_name, "version": v, "reward_mean": 0.5})
         store.commit(job.task_name, v, {"cursor": 0, "steps": v})
     jobs.record_checkpoint(job.id, 1, 1, store.adapter_dir(job.task_name, 1))
-    runner = SimpleNamespace(jobs=jobs, store=store)
+    recorder = JobRecorder(jobs, store, ServiceConfig(root=str(tmp_path)))
 
-    ServiceRunner._reconcile(runner)
-    ServiceRunner._reconcile(runner)  # idempotent
+    recorder.reconcile()
+    recorder.reconcile()  # idempotent
 
     assert jobs.checkpoint_steps(job.id) == {1, 2}
     assert jobs.job(job.id).steps_done == 2
@@ -182,9 +185,10 @@ def test_restart_gives_a_step_whose_validation_never_returned_its_metrics_event(
     """A restart between a step's commit and its eval's return: the step was
     recorded without its metrics event (it waited for the validation); the next
     start writes it without validation scores, once, with a warning."""
+    from areal_marlaas.config.service import ServiceConfig
     from areal_marlaas.rundir.writer import RunStore
     from areal_marlaas.service import step_metrics
-    from areal_marlaas.service.runner import ServiceRunner
+    from areal_marlaas.service.recorder import JobRecorder
     from areal_marlaas.service.store import JobStore, NewJob
 
     jobs = JobStore(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path)
@@ -208,11 +212,10 @@ def test_restart_gives_a_step_whose_validation_never_returned_its_metrics_event(
         jobs.record_step(job.id, v, data, event=v == 1)  # v2's eval never returned
         jobs.record_checkpoint(job.id, v, v, d)
     assert jobs.metrics_steps(job.id) == {1}
-    runner = SimpleNamespace(jobs=jobs, store=store)
-    runner._unvalidated = lambda *a: ServiceRunner._unvalidated(runner, *a)  # type: ignore[attr-defined]
+    recorder = JobRecorder(jobs, store, ServiceConfig(root=str(tmp_path)))
 
-    ServiceRunner._reconcile(runner)
-    ServiceRunner._reconcile(runner)  # idempotent
+    recorder.reconcile()
+    recorder.reconcile()  # idempotent
 
     assert jobs.metrics_steps(job.id) == {1, 2}
     events = jobs.list_events(tenant.id, job.id, limit=100).items

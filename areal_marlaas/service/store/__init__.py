@@ -53,6 +53,7 @@ from areal_marlaas.service.store.jobs import (
 from areal_marlaas.service.store.progress import (
     TRANSITIONS,
     ProgressStore,
+    StepUsage,
     checkpoint_name,
     fine_tuned_model_name,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "NotFound",
     "Page",
     "ProgressStore",
+    "StepUsage",
     "StoreBase",
     "StoreError",
     "TenantInfo",

@@ -53,9 +53,11 @@ class EvalStore(StoreBase):
         status: str,
         result: dict[str, Any],
         items: list[tuple[int, str, dict[str, Any]]],
+        eval_tokens: int = 0,
     ) -> EvalRun:
         """A run and its output items ``(row index, status, body)``, in one
-        transaction: a run is never seen without its items."""
+        transaction: a run is never seen without its items. ``eval_tokens``
+        (generated) are added to its job's usage in the same transaction."""
         now = time.time()
         with self._write() as s:
             ev = s.scalar(select(EvalRecord).where(EvalRecord.id == eval_id))
@@ -72,6 +74,9 @@ class EvalStore(StoreBase):
                 created_at=now,
             )
             s.add(run)
+            job = s.scalar(select(Job).where(Job.id == ev.job_id))
+            if job is not None:
+                job.eval_tokens = (job.eval_tokens or 0) + int(eval_tokens)
             s.flush()  # the items' foreign key needs the run's row first
             for index, item_status, body in items:
                 s.add(

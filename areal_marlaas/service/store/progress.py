@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,15 @@ def fine_tuned_model_name(base_model: str, tenant_name: str, job: Job) -> str:
 
 def checkpoint_name(fine_tuned_model: str, step: int) -> str:
     return f"{fine_tuned_model}:ckpt-step-{step}"
+
+
+@dataclass(frozen=True)
+class StepUsage:
+    """What one committed step used: trainer-seconds, tokens generated for it."""
+
+    trainer_s: float
+    generated_tokens: int
+    trained_tokens: int
 
 
 class ProgressStore(FileStore):
@@ -176,12 +186,15 @@ class ProgressStore(FileStore):
         estimated_finish: float | None = None,
         at: float | None = None,
         event: bool = True,
+        usage: StepUsage | None = None,
     ) -> Job:
         """A committed training step (1-based): progress, TTFS on the first one
         (``first step - created_at``, the paper's metric) and a ``metrics`` event
         whose data is ``metrics`` (``step_metrics.step_data``'s shape) with the
         step and total (``event=False``: the caller writes it later, e.g. after
-        the step's validation). ``trained_tokens`` is the job's running total."""
+        the step's validation). ``trained_tokens`` sets the job's total;
+        ``usage``, the step's own trainer-seconds and tokens, is added to the
+        job's usage in the same transaction (restart-safe running totals)."""
         at = time.time() if at is None else at
         with self._write() as s:
             job = self._job(s, job_id)
@@ -197,6 +210,12 @@ class ProgressStore(FileStore):
                 job.trained_tokens = trained_tokens
             if estimated_finish is not None:
                 job.estimated_finish = estimated_finish
+            if usage is not None:
+                job.trainer_s = (job.trainer_s or 0.0) + usage.trainer_s
+                job.generated_tokens = (
+                    job.generated_tokens or 0
+                ) + usage.generated_tokens
+                job.trained_tokens = (job.trained_tokens or 0) + usage.trained_tokens
             data = {"step": step, "total_steps": job.steps_total, **(metrics or {})}
             if not event:
                 return job
@@ -430,6 +449,33 @@ class ProgressStore(FileStore):
             metrics = Event.job_id == job_id, Event.type == "metrics"
             datas = s.scalars(select(Event.data).where(*metrics))
             return {int(d["step"]) for d in datas if d and "step" in d}
+
+    def usage_by_tenant(self) -> dict[str, dict[str, float]]:
+        """Tenant name -> its jobs' summed usage (every tenant, zeros too)."""
+        cols = (
+            func.coalesce(func.sum(Job.trainer_s), 0.0),
+            func.coalesce(func.sum(Job.generated_tokens), 0),
+            func.coalesce(func.sum(Job.trained_tokens), 0),
+            func.coalesce(func.sum(Job.eval_tokens), 0),
+            func.count(Job.id),
+        )
+        with self._read() as s:
+            rows = s.execute(
+                select(Tenant.name, *cols)
+                .outerjoin(Job, Job.tenant_id == Tenant.id)
+                .group_by(Tenant.name)
+                .order_by(Tenant.name)
+            ).all()
+        return {
+            name: {
+                "trainer_s": float(tr),
+                "generated_tokens": int(gen),
+                "trained_tokens": int(trained or 0),
+                "eval_tokens": int(ev),
+                "jobs": int(n),
+            }
+            for name, tr, gen, trained, ev, n in rows
+        }
 
     def job_counts(self) -> dict[tuple[str, str], int]:
         """``(tenant_id, status) -> jobs``, for metrics."""

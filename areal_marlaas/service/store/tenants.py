@@ -27,6 +27,7 @@ class TenantInfo:
     created_at: float
     disabled: bool
     active_keys: list[str] = field(default_factory=list)  # display prefixes
+    weight: float = 1.0
 
 
 def hash_key(key: str) -> str:
@@ -42,18 +43,29 @@ def key_prefix(key: str) -> str:
     return key[: len(KEY_PREFIX) + 4] + "..."
 
 
+def _check_weight(weight: float) -> None:
+    if not (isinstance(weight, int | float) and 0 < weight <= 1000):
+        raise ValueError(
+            f"weight must be a number in (0, 1000] (a tenant's share of the trainer "
+            f"relative to the others'), got {weight!r}"
+        )
+
+
 class TenantStore(StoreBase):
     """The ``tenants`` and ``api_keys`` tables (operator commands, auth)."""
 
-    def create_tenant(self, name: str) -> tuple[Tenant, str]:
+    def create_tenant(self, name: str, weight: float = 1.0) -> tuple[Tenant, str]:
         """A new tenant and its first API key (returned once, stored hashed)."""
         if not TENANT_NAME.match(name or ""):
             raise ValueError(
                 f"tenant name {name!r} must match {TENANT_NAME.pattern} (it appears "
                 "in model names)."
             )
+        _check_weight(weight)
         now = time.time()
-        tenant = Tenant(id=new_id("org"), name=name, created_at=now, disabled=False)
+        tenant = Tenant(
+            id=new_id("org"), name=name, created_at=now, disabled=False, weight=weight
+        )
         key = new_api_key()
         try:
             with self._write() as s:
@@ -93,13 +105,29 @@ class TenantStore(StoreBase):
     def list_tenants(self) -> list[TenantInfo]:
         with self._read() as s:
             out = {
-                t.id: TenantInfo(t.id, t.name, t.created_at, t.disabled)
+                t.id: TenantInfo(
+                    t.id, t.name, t.created_at, t.disabled, weight=t.weight
+                )
                 for t in s.scalars(select(Tenant).order_by(Tenant.created_at))
             }
             keys = select(ApiKey).where(ApiKey.revoked_at.is_(None))
             for k in s.scalars(keys.order_by(ApiKey.id)):
                 out[k.tenant_id].active_keys.append(k.prefix)
         return list(out.values())
+
+    def set_weight(self, tenant_name: str, weight: float) -> Tenant:
+        """A tenant's share of the trainer under train_order=fair; its running
+        jobs follow at the scheduler's next poll."""
+        _check_weight(weight)
+        with self._write() as s:
+            tenant = self._tenant_by_name(s, tenant_name)
+            tenant.weight = weight
+        return tenant
+
+    def tenant_weights(self) -> dict[str, float]:
+        """Tenant id -> weight."""
+        with self._read() as s:
+            return dict(s.execute(select(Tenant.id, Tenant.weight)).tuples().all())
 
     def revoke(self, tenant_name: str, prefix: str | None = None) -> int:
         """Revoke a tenant's keys (all, or those whose display prefix starts with
