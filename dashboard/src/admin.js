@@ -18,6 +18,7 @@ export class AdminView {
   build() {
     this.kpis = h("div", { class: "kpis" });
     this.queue = h("div", { class: "queue" });
+    this.tenants = h("div", { class: "tenants" });
     this.jobs = h("div", { class: "all-jobs" });
     const charts = h("div", { class: "charts" });
     clear(
@@ -27,6 +28,8 @@ export class AdminView {
       charts,
       h("h3", {}, "Queue"),
       this.queue,
+      h("h3", {}, "Tenants: weight and usage"),
+      this.tenants,
       h("h3", {}, "Every tenant's jobs"),
       this.jobs,
     );
@@ -64,6 +67,22 @@ export class AdminView {
             ["position", "tenant", "job", "waiting"],
             o.queue.map((q) => [q.position, q.tenant, q.job, seconds(o.generated_at - q.created_at)]),
           ),
+    );
+    clear(
+      this.tenants,
+      table(
+        ["tenant", "weight", "jobs", "trainer", "generated tokens", "trained tokens", "eval tokens"],
+        o.tenants.map((t) => [
+          t.name,
+          t.weight,
+          t.jobs,
+          seconds(t.usage?.trainer_s ?? 0),
+          t.usage?.generated_tokens ?? 0,
+          t.usage?.trained_tokens ?? 0,
+          t.usage?.eval_tokens ?? 0,
+        ]),
+        (i) => ({ "data-tenant": o.tenants[i].name }),
+      ),
     );
     clear(
       this.jobs,

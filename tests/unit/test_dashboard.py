@@ -278,6 +278,8 @@ def test_the_operator_sees_every_tenant_the_queue_and_the_gauges(page, world):
     queue = p.inner_text(".queue")
     assert world["queued"] in queue and world["other"] in queue
     assert p.get_attribute('[data-chart="ttfs"]', "data-points") is not None
+    assert "trainer" in p.inner_text(".tenants")
+    assert p.locator(".tenants tr[data-tenant]").count() >= 2
     page.shot("admin")
     assert page.errors == []
 
