@@ -92,7 +92,9 @@ def _failed(i: int, row: dict[str, Any], why: str) -> EvalSample:
 
 def _texts(traj: dict[str, Any], tokenizer) -> tuple[str, str, int, int]:
     """The prompt and the generated text of a one-sample trajectory, and their
-    token counts."""
+    token counts (none for a trajectory without tokens)."""
+    if "input_ids" not in traj:
+        return "", "", 0, 0
     ids = trajectory.tensor(traj["input_ids"]).flatten().tolist()
     mask = trajectory.tensor(traj["loss_mask"]).flatten().tolist()
     att = traj.get("attention_mask")  # padding, when the layout has it

@@ -127,7 +127,7 @@ class TenantStore(StoreBase):
     def tenant_weights(self) -> dict[str, float]:
         """Tenant id -> weight."""
         with self._read() as s:
-            return dict(s.execute(select(Tenant.id, Tenant.weight)).tuples().all())
+            return {tid: w for tid, w in s.execute(select(Tenant.id, Tenant.weight))}
 
     def revoke(self, tenant_name: str, prefix: str | None = None) -> int:
         """Revoke a tenant's keys (all, or those whose display prefix starts with
