@@ -158,9 +158,9 @@ class FairTrainQueue(TrainQueue):
     ``vtime + in-flight``, its batches in FIFO order. A tenant that becomes
     backlogged (nothing queued or training before) is lifted to the lowest
     backlogged ``vtime`` (with none, to the last dispatched one), so idle time
-    banks no credit. Non-preemptive: one step of any tenant may run ahead of a
-    lower one, which bounds the gap between backlogged tenants' weighted
-    service by about twice the largest step cost / weight."""
+    banks no credit. Non-preemptive: a step of any tenant may run ahead of a
+    lower one, which bounds how far two backlogged tenants' weighted service
+    drift apart by (trainers + 1) x the largest step cost / weight."""
 
     def __init__(self) -> None:
         self._batches: dict[str, QueuedBatch] = {}  # task -> batch, FIFO
@@ -193,9 +193,7 @@ class FairTrainQueue(TrainQueue):
 
     # -- the queue -----------------------------------------------------------------
     def add(self, batch: QueuedBatch) -> None:
-        if not batch.weight > 0:
-            raise ValueError(f"task {batch.name!r}: weight must be > 0")
-        tenant = tenant_of(batch)
+        tenant = tenant_of(batch)  # its weight is > 0: the core checked it
         if not self._backlogged(tenant):
             others = [
                 self.vtime.get(t, 0.0)
