@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 
+from areal_marlaas.bench.run_metrics import percentile
 from areal_marlaas.service.auth import require_admin
 from areal_marlaas.service.deps import AppState, state
 from areal_marlaas.service.objects import job_usage
@@ -19,24 +20,10 @@ from areal_marlaas.service.status import status_rows
 from areal_marlaas.service.tables import QUEUED
 
 
-def quantile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated quantile (numpy's default), None when empty."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = q * (len(xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def overview(st: AppState) -> dict[str, Any]:
     jobs = status_rows(st.store)
     queued = [j for j in jobs if j["status"] == QUEUED]  # oldest first: admission
     ttfs = [j["ttfs_s"] for j in jobs if j["ttfs_s"] is not None]
-    counts: dict[str, int] = {}
-    for j in jobs:
-        counts[j["tenant"]] = counts.get(j["tenant"], 0) + 1
     gauges = st.metrics.snapshot()
     usage = st.store.usage_by_tenant()
     return {
@@ -47,7 +34,8 @@ def overview(st: AppState) -> dict[str, Any]:
                 "id": t.id,
                 "name": t.name,
                 "disabled": t.disabled,
-                "jobs": counts.get(t.name, 0),
+                # A tenant added between the two reads has no usage row yet.
+                "jobs": usage.get(t.name, {}).get("jobs", 0),
                 "weight": t.weight,
                 "usage": usage.get(t.name, {}),
             }
@@ -66,8 +54,8 @@ def overview(st: AppState) -> dict[str, Any]:
         "trainer_busy_fraction": gauges["trainer_busy_fraction"],
         "kv_usage_fraction": gauges["kv_usage_fraction"],
         "ttfs_s": ttfs,
-        "ttfs_p50_s": quantile(ttfs, 0.5),
-        "ttfs_p95_s": quantile(ttfs, 0.95),
+        "ttfs_p50_s": percentile(ttfs, 50),
+        "ttfs_p95_s": percentile(ttfs, 95),
     }
 
 

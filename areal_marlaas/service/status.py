@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from areal_marlaas.service.objects import job_usage
 from areal_marlaas.service.store import JobStore
 
 
@@ -22,9 +23,7 @@ def status_rows(store: JobStore) -> list[dict]:
                 "ttfs_s": job.ttfs_s,
                 "created_at": job.created_at,
                 "fine_tuned_model": job.fine_tuned_model,
-                "trainer_s": job.trainer_s or 0.0,
-                "generated_tokens": job.generated_tokens or 0,
-                "eval_tokens": job.eval_tokens or 0,
+                **job_usage(job),
             }
         )
     return rows
