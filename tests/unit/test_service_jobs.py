@@ -143,14 +143,9 @@ def test_admission_keeps_a_full_pool_queued_and_takes_running_jobs_back():
     assert [j.task_name for j in to_admit([a1, a2, b1], {}, 5, 2)] == ["a1", "a2"]
 
 
-def test_restart_records_checkpoints_the_run_store_committed_but_the_db_missed(
-    tmp_path,
-):
-    """A crash between the run store's commit and the database write: the next
-    start adds exactly the missing checkpoints (none twice)."""
-    from areal_marlaas.config.service import ServiceConfig
+def _running_job(tmp_path):
+    """A job store with one running 4-step job, and an empty run store."""
     from areal_marlaas.rundir.writer import RunStore
-    from areal_marlaas.service.recorder import JobRecorder
     from areal_marlaas.service.store import JobStore, NewJob
 
     jobs = JobStore(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path)
@@ -162,6 +157,18 @@ def test_restart_records_checkpoints_the_run_store_committed_but_the_db_missed(
     jobs.set_status(job.id, "queued")
     jobs.set_status(job.id, "running")
     store = RunStore(tmp_path / "runs" / "x", fresh=True)
+    return jobs, tenant, job, store
+
+
+def test_restart_records_checkpoints_the_run_store_committed_but_the_db_missed(
+    tmp_path,
+):
+    """A crash between the run store's commit and the database write: the next
+    start adds exactly the missing checkpoints (none twice)."""
+    from areal_marlaas.config.service import ServiceConfig
+    from areal_marlaas.service.recorder import JobRecorder
+
+    jobs, _, job, store = _running_job(tmp_path)
     for v in range(3):  # v0, v1, v2 committed in the run store
         d = store.adapter_dir(job.task_name, v)
         d.mkdir(parents=True)
@@ -186,21 +193,11 @@ def test_restart_gives_a_step_whose_validation_never_returned_its_metrics_event(
     recorded without its metrics event (it waited for the validation); the next
     start writes it without validation scores, once, with a warning."""
     from areal_marlaas.config.service import ServiceConfig
-    from areal_marlaas.rundir.writer import RunStore
     from areal_marlaas.service import step_metrics
     from areal_marlaas.service.recorder import JobRecorder
-    from areal_marlaas.service.store import JobStore, NewJob
 
-    jobs = JobStore(f"sqlite:///{tmp_path / 'db.sqlite'}", tmp_path)
-    tenant, _ = jobs.create_tenant("acme")
-    f = jobs.add_file(tenant.id, "t.jsonl", "fine-tune", b"{}\n", 1)
-    job, _ = jobs.create_job(
-        tenant.id, NewJob("m", f.id, None, {}, {}, None, 0, None, steps_total=4)
-    )
-    jobs.set_status(job.id, "queued")
-    jobs.set_status(job.id, "running")
+    jobs, tenant, job, store = _running_job(tmp_path)
     jobs.ensure_eval(job.id, [])
-    store = RunStore(tmp_path / "runs" / "x", fresh=True)
     for v in (1, 2):
         d = store.adapter_dir(job.task_name, v)
         d.mkdir(parents=True)
