@@ -294,6 +294,9 @@ class Runtime:
     def _handle(self, event) -> None:
         if isinstance(event, _Add):
             t = event.task
+            if t.name in self.core.tasks:  # a caller's bug: never crash the others
+                logger.error(f"task {t.name} added twice; the second add is ignored")
+                return
             self.tasks[t.name] = t
             t.submitted_at = t.ready_at = time.time()
             try:

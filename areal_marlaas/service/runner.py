@@ -275,10 +275,13 @@ class ServiceRunner:
     def _admit(self) -> None:
         """Hand queued (and, after a restart, running) jobs to the runtime, as far
         as the per-tenant running limit and ``service.max_tasks`` allow."""
-        running = self.jobs.jobs_with_status(RUNNING)
-        queued = self.jobs.jobs_with_status(QUEUED)
+        # What it holds first, then the store: a job that ends meanwhile leaves
+        # ``admitted`` only after its terminal status is written (``_on_status``),
+        # so a stale ``running`` row is always of a job still in this snapshot.
         with self._lock:
             held = {t: a.tenant_id for t, a in self.admitted.items()}
+        running = self.jobs.jobs_with_status(RUNNING)
+        queued = self.jobs.jobs_with_status(QUEUED)
         for job in jobspec.to_admit(
             running + queued, held, self.svc.max_running_jobs, self.svc.max_tasks
         ):
@@ -390,12 +393,14 @@ class ServiceRunner:
             self._finish(held)
         elif status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
             self.recorder.flush(held)
-            with self._lock:
-                self.admitted.pop(task, None)
-            if status == TaskStatus.CANCELLED:
-                self.jobs.set_status(job_id, CANCELLED)
-            else:
-                self.jobs.fail_job(job_id, "training_failed", reason or "failed")
+            try:
+                if status == TaskStatus.CANCELLED:
+                    self.jobs.set_status(job_id, CANCELLED)
+                else:
+                    self.jobs.fail_job(job_id, "training_failed", reason or "failed")
+            finally:  # after the status: the poller must never see it running
+                with self._lock:
+                    self.admitted.pop(task, None)
 
     def _finish(self, held: Admitted) -> None:
         """The final adapter as a result file (a tar.gz of the PEFT folder), then

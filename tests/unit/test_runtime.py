@@ -300,3 +300,24 @@ def test_an_eval_that_raises_is_recorded_and_the_task_still_finishes(tmp_path):
     assert summary["tasks"]["a"]["status"] == "done"
     (e,) = read_jsonl(s.evals_path)
     assert e["reward_mean"] is None and "server gone" in e["error"]
+
+
+def test_a_task_added_twice_is_ignored_and_the_loop_keeps_serving(tmp_path):
+    done: list[tuple[str, str]] = []
+    options = RuntimeOptions(on_status=lambda n, s, why: done.append((n, s)))
+    runtime = Runtime([], Rollout(), Trainer(), store(tmp_path), options)
+    stop = threading.Event()
+    serving = threading.Thread(target=runtime.serve, args=(stop,))
+    serving.start()
+    first = task("a", steps=2)
+    runtime.add(first)
+    runtime.add(task("a", steps=2))  # the same name again
+    runtime.add(task("b"))
+    deadline = time.monotonic() + 10
+    while ("b", "done") not in done and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    serving.join(10)
+    assert not serving.is_alive()
+    assert ("a", "done") in done and ("b", "done") in done
+    assert runtime.tasks["a"] is first  # the running one was kept

@@ -1,0 +1,85 @@
+"""The service runner's poller against the runtime's callbacks, on the real
+SQLite job store: a job that ends while the poller looks at the store is never
+handed to the scheduler again (a second add of a running task's name once
+stopped the whole scheduler). The two threads' interleavings are forced here by
+running one side inside the other's store call."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+
+from areal_marlaas.config.service import ServiceConfig
+from areal_marlaas.scheduler.backends import TaskStatus
+from areal_marlaas.service.recorder import Admitted
+from areal_marlaas.service.runner import ServiceRunner
+from areal_marlaas.service.store import JobStore
+from areal_marlaas.service.tables import Job
+
+from .test_service_webhooks import new_tenant, running_job
+
+
+@pytest.fixture
+def store(tmp_path) -> Iterator[JobStore]:
+    st = JobStore(f"sqlite:///{tmp_path / 'service.db'}", tmp_path)
+    yield st
+    st.close()
+
+
+def runner_holding(store: JobStore, tmp_path, job: Job) -> ServiceRunner:
+    """A runner whose runtime holds ``job`` (no trainer or server: only the
+    poller's and the callbacks' bookkeeping run)."""
+    runner = ServiceRunner.__new__(ServiceRunner)
+    runner.jobs = store
+    runner.svc = ServiceConfig(root=str(tmp_path))
+    runner.stop = threading.Event()
+    runner._lock = threading.Lock()
+    runner.recorder = SimpleNamespace(flush=lambda held: None)  # type: ignore[assignment]
+    runner.admitted = {
+        job.task_name: Admitted(job.id, job.tenant_id, job.task_name, 2, started=True)
+    }
+    runner.handed: list[str] = []  # type: ignore[attr-defined]
+    runner._hand_over = lambda j: runner.handed.append(j.id)  # type: ignore[method-assign,attr-defined]
+    return runner
+
+
+@pytest.mark.parametrize("status", [TaskStatus.CANCELLED, TaskStatus.FAILED])
+def test_a_job_ending_during_the_store_query_is_not_handed_over(
+    store, tmp_path, monkeypatch, status
+):
+    job = running_job(store, new_tenant(store, "acme"))
+    runner = runner_holding(store, tmp_path, job)
+    query = store.jobs_with_status
+
+    def racing(wanted):
+        rows = query(wanted)  # still lists the job as running...
+        if wanted == "running":  # ...then the runtime ends it
+            runner._on_status(job.task_name, status, "boom")
+        return rows
+
+    monkeypatch.setattr(store, "jobs_with_status", racing)
+    runner._admit()
+    assert runner.handed == []  # type: ignore[attr-defined]
+    assert store.job(job.id).status == status.value
+    assert runner.admitted == {}
+
+
+@pytest.mark.parametrize("status", [TaskStatus.CANCELLED, TaskStatus.FAILED])
+def test_a_poll_while_a_job_ends_does_not_hand_it_over(
+    store, tmp_path, monkeypatch, status
+):
+    job = running_job(store, new_tenant(store, "acme"))
+    runner = runner_holding(store, tmp_path, job)
+    write = store.set_status
+
+    def polled_first(job_id, new, *args, **kwargs):
+        runner._admit()  # the poller runs just before the status is written
+        return write(job_id, new, *args, **kwargs)
+
+    monkeypatch.setattr(store, "set_status", polled_first)
+    runner._on_status(job.task_name, status, "boom")
+    assert runner.handed == []  # type: ignore[attr-defined]
+    assert store.job(job.id).status == status.value
