@@ -16,6 +16,10 @@ either behind ``rollout.supervisor.SupervisedRollout``):
 * ``remove_task(task)``: called on a worker thread once a task has ended, with
   ``RuntimeOptions.release_finished`` (the job service): drop its adapter from
   the server. Errors are logged, never raised into the runtime.
+* ``set_priority(task, priority)``: called on a worker thread right before the
+  task's ``rollout_task`` (``StartRollout.priority``): the server priority of
+  its requests from then on, its evals' included (lower is served first; 0
+  unless ``scheduler.rollout_order=fair``).
 
 ``TrainBackend`` (``train.pool.TrainerPool``: one or more trainer engines, each
 task placed on one; a pool of one engine holds every task):
@@ -68,6 +72,8 @@ class RolloutBackend(Protocol):
     def publish(self, task: str, version: int, path: str) -> Any: ...
 
     def remove_task(self, task: str) -> None: ...
+
+    def set_priority(self, task: str, priority: int) -> None: ...
 
 
 @runtime_checkable

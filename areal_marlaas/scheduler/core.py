@@ -33,6 +33,11 @@ one first batch per task. ``fair`` shares trainer time between tenants by
 weight (``Submitted.tenant``/``weight``; ``TrainDone.train_s`` is charged):
 the tenant with the least weighted trainer time goes next, FIFO within it.
 
+Rollout order (``rollout_share``): with ``rollout_order=fair`` each
+``StartRollout`` carries the server priority of its requests, its tenant's
+weighted generated tokens (``RolloutDone.tokens`` is charged), so a tenant's
+huge batch does not hold back the others' rollouts; admission is unchanged.
+
 Trainers: ``trainers`` steps may run at once, one per trainer. A task submitted
 with a ``trainer`` trains only there (that trainer holds its weights and optimizer
 state); a free trainer takes the first batch in the queue's order that may run on
@@ -94,6 +99,11 @@ from areal_marlaas.scheduler.events import (
     TaskPaused,
     TrainDone,
 )
+from areal_marlaas.scheduler.rollout_share import (
+    ROLLOUT_ORDERS,
+    RolloutOrder,
+    RolloutShare,
+)
 from areal_marlaas.scheduler.tasks import Key, Phase, Stop, TaskState, TaskTable
 from areal_marlaas.scheduler.train_queue import (
     TRAIN_ORDERS,
@@ -104,6 +114,7 @@ from areal_marlaas.scheduler.train_queue import (
 
 __all__ = [
     "MODES",
+    "ROLLOUT_ORDERS",
     "TRAIN_ORDERS",
     "Action",
     "AdmissionError",
@@ -122,6 +133,7 @@ __all__ = [
     "Resume",
     "Reweight",
     "RolloutDone",
+    "RolloutOrder",
     "SchedulerCore",
     "StartEval",
     "StartPublish",
@@ -173,6 +185,7 @@ class SchedulerCore:
     trainers: int = 1  # trainers fed by the one queue
     task_retries: int = 0  # retries of a failed phase per version
     train_order: TrainOrder = TrainOrder.FIFO  # a TrainOrder or its value
+    rollout_order: RolloutOrder = RolloutOrder.FIFO  # a RolloutOrder or its value
     tasks: dict[str, TaskState] = field(default_factory=dict, init=False)
     train_queue: TrainQueue = field(init=False)
     training: dict[str, int] = field(default_factory=dict, init=False)  # -> trainer
@@ -182,6 +195,8 @@ class SchedulerCore:
     eval_kv: int = field(default=0, init=False)
     evals_running: dict[tuple[str, int], int] = field(default_factory=dict, init=False)
     table: TaskTable = field(default_factory=TaskTable, init=False, repr=False)
+    # Tenants' shares of the server (rollout_order=fair), else None.
+    rollout_share: RolloutShare | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -191,6 +206,14 @@ class SchedulerCore:
         self.mode = Mode(self.mode)
         self.train_queue = create_train_queue(self.train_order)
         self.train_order = TrainOrder(self.train_order)
+        if self.rollout_order not in ROLLOUT_ORDERS:
+            raise ValueError(
+                f"rollout_order must be one of {ROLLOUT_ORDERS}, got "
+                f"{self.rollout_order!r}"
+            )
+        self.rollout_order = RolloutOrder(self.rollout_order)
+        if self.rollout_order is RolloutOrder.FAIR:
+            self.rollout_share = RolloutShare()
         if self.trainers < 1:
             raise ValueError(f"trainers must be >= 1, got {self.trainers}")
         if self.max_rolling is not None and self.max_rolling < 1:
@@ -214,6 +237,15 @@ class SchedulerCore:
 
     # -- transitions ------------------------------------------------------------
     def handle(self, event: Event) -> list[Action]:
+        actions = self._handle(event)
+        share = self.rollout_share
+        if share is not None:  # the one place every end and pause passes
+            for a in actions:
+                if isinstance(a, FinishTask | TaskPaused):
+                    share.leave(self.tasks[a.task])
+        return actions
+
+    def _handle(self, event: Event) -> list[Action]:
         if isinstance(event, Submitted):
             return self._submitted(event)
         if isinstance(event, KVUsage):
@@ -241,6 +273,8 @@ class SchedulerCore:
             return self._error(task, event.reason)
         if isinstance(event, RolloutDone):
             self._expect(task, Phase.ROLLOUT, event.version)
+            if self.rollout_share is not None:
+                self.rollout_share.end(task, event.tokens)
             if task.stop is Stop.CANCEL:
                 return self._cancel(task)
             self.table.move(task, Phase.QUEUED)  # its KV is free again
@@ -306,6 +340,8 @@ class SchedulerCore:
         task.steps_done = event.version  # one committed version per step
         self.tasks[event.task] = task
         self.table.add(task)
+        if self.rollout_share is not None:
+            self.rollout_share.join(task)
         return self._after_publish(task)
 
     def _after_publish(self, task: TaskState) -> list[Action]:
@@ -347,6 +383,8 @@ class SchedulerCore:
             task.stop = Stop.NONE
         if task.phase is Phase.PAUSED:
             self.table.move(task, Phase.PENDING, held=None)
+            if self.rollout_share is not None:
+                self.rollout_share.join(task)
             return self._admit()
         return []
 
@@ -464,10 +502,12 @@ class SchedulerCore:
                 if held is not blocked:
                     holds += [(k, blocked) for k in keys[bisect_left(keys, block_at) :]]
         actions: list[tuple[Key, Action]] = []
+        share = self.rollout_share
         for key in starts:
             task = table.task(key)
             table.move(task, Phase.ROLLOUT, held=None)
-            actions.append((key, StartRollout(task.name, task.version)))
+            priority = 0 if share is None else share.start(task)
+            actions.append((key, StartRollout(task.name, task.version, priority)))
         for key, reason in holds:
             task = table.task(key)
             table.move(task, held=reason)
@@ -534,6 +574,8 @@ class SchedulerCore:
         return [*self._next_train(), *self._admit()]
 
     def _drop_batch(self, task: TaskState) -> None:
+        if self.rollout_share is not None:
+            self.rollout_share.end(task)  # a rollout that failed or was dropped
         self.train_queue.discard(task.name)
         if self.training.pop(task.name, None) is not None:
             self.train_queue.aborted(task)

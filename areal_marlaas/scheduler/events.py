@@ -42,6 +42,9 @@ class Submitted:
 class RolloutDone:
     task: str
     version: int
+    # Tokens its batch generated, charged to its tenant's share of the server
+    # (rollout_order=fair; None: the share's estimate is charged).
+    tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,9 @@ Event = (
 class StartRollout:
     task: str
     version: int
+    # The server's priority for its requests (lower is served first; 0 unless
+    # rollout_order=fair).
+    priority: int = 0
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from areal_marlaas.scheduler.core import (
     Resume,
     Reweight,
     RolloutDone,
+    RolloutOrder,
     SchedulerCore,
     StartEval,
     StartPublish,
@@ -111,6 +112,7 @@ class RuntimeOptions:
     max_rolling: int | None = None
     task_retries: int = 0
     train_order: TrainOrder = TrainOrder.FIFO
+    rollout_order: RolloutOrder = RolloutOrder.FIFO
     rollout_timeout: float | None = None
     # Returns the server's KV bytes in use, or None when it cannot be read;
     # polled every kv_poll_interval_s while no other event arrives.
@@ -164,6 +166,7 @@ class Runtime:
             max_rolling=opts.max_rolling,
             task_retries=opts.task_retries,
             train_order=opts.train_order,
+            rollout_order=opts.rollout_order,
         )
         self.events: queue.Queue = queue.Queue()
         self._workers = ThreadPoolExecutor(
@@ -457,6 +460,7 @@ class Runtime:
         if start - t.ready_at > 0.05:  # held by admission, a barrier or its turn
             self.store.event(a.task, a.version, "wait", t.ready_at, start)
         rows = t.data.next_batch(t.batch_size)
+        self.rollout.set_priority(a.task, a.priority)
         with self._rolling_lock:
             self._rolling += 1
         try:
@@ -493,7 +497,7 @@ class Runtime:
         for env_start, env_end in trajectory.env_intervals(ok):
             self.store.event(a.task, a.version, "env", env_start, env_end)
         self._admission(a.task, a.version, "release")
-        return RolloutDone(a.task, a.version)
+        return RolloutDone(a.task, a.version, trajectory.generated_tokens(ok))
 
     def _train(self, a: StartTrain) -> TrainDone:
         t = self.tasks[a.task]

@@ -35,9 +35,13 @@ class Rollout:
         self.gate = gate
         self.fail = fail
         self.version: dict[str, int] = {}
+        self.priorities: list[tuple[str, int]] = []
 
     def publish(self, task, version, path):
         self.version[task] = version
+
+    def set_priority(self, task, priority):
+        self.priorities.append((task, priority))
 
     def remove_task(self, task):
         pass
@@ -321,3 +325,21 @@ def test_a_task_added_twice_is_ignored_and_the_loop_keeps_serving(tmp_path):
     assert not serving.is_alive()
     assert ("a", "done") in done and ("b", "done") in done
     assert runtime.tasks["a"] is first  # the running one was kept
+
+
+def test_each_rollout_is_sent_at_the_priority_the_core_gave_it(tmp_path):
+    from areal_marlaas.scheduler.core import RolloutOrder
+
+    rollout = Rollout()
+    options = RuntimeOptions(rollout_order=RolloutOrder.FAIR)
+    a, b = task("a", steps=3), task("b", steps=3)
+    a.tenant, b.tenant = "x", "y"
+    runtime = Runtime([a, b], rollout, Trainer(), store(tmp_path), options)
+    runtime.run()
+    share = runtime.core.rollout_share
+    assert share is not None
+    # A stand-in batch is 2 episodes of 2 generated tokens: every rollout is
+    # charged what came back.
+    assert share.vtokens == {"x": 3 * 4, "y": 3 * 4}
+    sent = [p for _, p in rollout.priorities]
+    assert len(sent) == 6 and sent[:2] == [0, 0] and max(sent) >= 4

@@ -82,7 +82,11 @@ def run(
         t = core.tasks[action.task]
         if isinstance(action, StartRollout):
             assert action.version == t.version  # on-policy
-            event = RolloutDone(action.task, action.version)
+            assert action.priority >= 0 and (core.rollout_share or not action.priority)
+            # Tokens vary (without drawing from rng: the examples replay) so a
+            # fair rollout order has shares to keep.
+            tokens = 1 + (37 * action.version + 11 * ord(action.task[0])) % 99
+            event = RolloutDone(action.task, action.version, tokens=tokens)
         elif isinstance(action, StartTrain):
             assert action.trainer == placed.get(action.task, 0)  # where its state is
             event = TrainDone(action.task, action.version + 1)
@@ -119,7 +123,8 @@ def run(
     seed=st.integers(0, 10**6),
     mode=st.sampled_from(["async", "sync", "sequential"]),
     trainers=st.sampled_from([1, 2]),
-    order=st.sampled_from(["fifo", "first_steps"]),
+    order=st.sampled_from(["fifo", "first_steps", "fair"]),
+    rollout=st.sampled_from(["fifo", "fair"]),
 )
 # Found by this test: a late arrival behind a queued batch of the next round.
 @example(
@@ -129,9 +134,10 @@ def run(
     mode="sync",
     trainers=1,
     order="fifo",
+    rollout="fifo",
 )
 def test_random_pauses_resumes_cancels_and_arrivals(
-    steps, controls, seed, mode, trainers, order
+    steps, controls, seed, mode, trainers, order, rollout
 ):
     controls = [c for c in controls if c[2] in steps]
     # Each task arrives once; a late arrival replaces its start-time submission.
@@ -144,7 +150,12 @@ def test_random_pauses_resumes_cancels_and_arrivals(
     end = max([c[0] for c in controls], default=0) + 1
     controls += [(end, "resume", t) for t in steps]
     core = SchedulerCore(
-        mode=mode, kv_budget=2, max_rolling=None, trainers=trainers, train_order=order
+        mode=mode,
+        kv_budget=2,
+        max_rolling=None,
+        trainers=trainers,
+        train_order=order,
+        rollout_order=rollout,
     )
     # Several trainers: each task placed on one, as the service's pool does.
     placed = {t: i % trainers for i, t in enumerate(sorted(steps))}
