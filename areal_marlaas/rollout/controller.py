@@ -18,6 +18,7 @@ class MultiTaskRolloutController(RolloutController):
         # The controller-side dispatcher has the same global staleness gate as the
         # worker executors (``as_controller`` opens it for per-task versions).
         super().__init__(inf_engine, config, scheduler)
+        self._priorities: dict[str, int] = {}  # as the workers have them
 
     def register_task(self, task: str, version: int, path: str | Path) -> None:
         self._collective_rpc(
@@ -40,6 +41,14 @@ class MultiTaskRolloutController(RolloutController):
 
     def remove_task(self, task: str) -> None:
         self._collective_rpc("remove_task", task=task)
+        self._priorities.pop(task, None)
+
+    def set_priority(self, task: str, priority: int) -> None:
+        """Every worker sends ``task``'s next requests at ``priority`` (one
+        round trip only when it changes: never under rollout_order=fifo)."""
+        if self._priorities.get(task, 0) != priority:
+            self._collective_rpc("set_priority", task=task, priority=priority)
+            self._priorities[task] = priority
 
     def task_version(self, task: str) -> int:
         versions = set(self._collective_rpc("task_version", task=task))

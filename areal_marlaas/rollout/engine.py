@@ -53,6 +53,10 @@ logger = logging.getLogger("MARLaaSRollout")
 _PINNED_VERSION: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "marlaas_pinned_version", default=None
 )
+# The server priority of the current request's task (scheduler.rollout_order).
+_PRIORITY: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "marlaas_request_priority", default=0
+)
 
 
 class AdapterError(RuntimeError):
@@ -78,6 +82,9 @@ class MultiLoRAVLLMBackend(VLLMBackend):
         seed = current_request_seed()
         if seed is not None:
             http.payload["seed"] = seed
+        priority = _PRIORITY.get()
+        if priority:  # a server without priority scheduling refuses any other
+            http.payload["priority"] = priority
         return http
 
     def build_lora_load_request(self, name: str, path: str | Path) -> HttpRequest:
@@ -140,6 +147,7 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         self._adapter_lock = threading.Lock()
         self._episodes: dict[int, _KeepFailure] = {}
         self._episodes_lock = threading.Lock()
+        self._priorities: dict[str, int] = {}  # task -> its requests' priority
         # Servers this engine launched on its node (server.launch=workers).
         self.servers: list[VLLMServer] = []
 
@@ -215,11 +223,19 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
             return await super().agenerate(req)
         with self.adapters.lease(task) as version:
             token = _PINNED_VERSION.set(version)
+            rank = _PRIORITY.set(self._priorities.get(task, 0))
             try:
                 with request_seed(self.seeds.next(task, version, req.input_ids)):
                     return await super().agenerate(req)
             finally:
+                _PRIORITY.reset(rank)
                 _PINNED_VERSION.reset(token)
+
+    def set_priority(self, task: str, priority: int) -> None:
+        """The server priority of ``task``'s requests from now on (lower is
+        served first; the server must run ``--scheduling-policy priority`` for
+        any but 0)."""
+        self._priorities[task] = int(priority)
 
     # -- adapters ---------------------------------------------------------------
     def _post(self, addr: str, req: HttpRequest) -> httpx.Response:
@@ -328,6 +344,7 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         its requests drain; nothing else is touched."""
         with self._adapter_lock:
             name = self.adapters.forget(task)
+        self._priorities.pop(task, None)
         if name is not None:
             self._retire_pool.submit(self._retire, name, None)
 
@@ -474,6 +491,9 @@ class MultiLoRAvLLMEngine(RemotevLLMEngine):
 
     def remove_task(self, task: str) -> None:
         self._engine.remove_task(task)
+
+    def set_priority(self, task: str, priority: int) -> None:
+        self._engine.set_priority(task, priority)
 
     def register_task(self, task: str, version: int, path: str | Path) -> None:
         self._engine.register_task(task, version, path)
