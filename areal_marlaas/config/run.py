@@ -249,6 +249,9 @@ class MARLaaSConfig(GRPOConfig):
             self.tokenizer_path = self.actor.path
         if not self.vllm.model:
             self.vllm.model = self.actor.path
+        if self.scheduler.rollout_order == "fair":
+            # The server must order requests by the priority they carry.
+            self.vllm.scheduling_policy = "priority"
         if not self.tasks and self.needs_tasks:
             raise ConfigError(
                 "no tasks: give a tasks YAML (--tasks FILE or tasks_file=FILE) or an "

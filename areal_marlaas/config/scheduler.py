@@ -9,7 +9,7 @@ from areal.api.cli_args import SchedulerConfig
 from areal_marlaas.config.cluster import RayClusterConfig, SlurmClusterConfig
 from areal_marlaas.errors import ConfigError
 from areal_marlaas.placement import parse_cpus
-from areal_marlaas.scheduler.core import MODES, TRAIN_ORDERS
+from areal_marlaas.scheduler.core import MODES, ROLLOUT_ORDERS, TRAIN_ORDERS
 
 
 @dataclass
@@ -45,6 +45,18 @@ class MARLaaSSchedulerConfig(SchedulerConfig):
             "tenant with the least trainer-seconds / weight goes next, FIFO "
             "within a tenant; tasks' tenant and weight, service tenants' weight).",
             "choices": list(TRAIN_ORDERS),
+        },
+    )
+    rollout_order: str = field(
+        default="fifo",
+        metadata={
+            "help": "How the rollout server orders tenants' requests. fifo: first "
+            "come, first served; fair: each rollout's requests carry their "
+            "tenant's generated tokens / weight as vLLM priority (the least "
+            "served tenant first), so one tenant's huge batch does not hold back "
+            "the others' rollouts; the server runs --scheduling-policy priority "
+            "(a server in server.addresses must be started so).",
+            "choices": list(ROLLOUT_ORDERS),
         },
     )
     trainers: int = field(
@@ -137,6 +149,11 @@ class MARLaaSSchedulerConfig(SchedulerConfig):
             raise ConfigError(
                 f"scheduler.train_order must be one of {list(TRAIN_ORDERS)}, got "
                 f"{self.train_order!r}."
+            )
+        if self.rollout_order not in ROLLOUT_ORDERS:
+            raise ConfigError(
+                f"scheduler.rollout_order must be one of {list(ROLLOUT_ORDERS)}, "
+                f"got {self.rollout_order!r}."
             )
         if self.trainers < 1:
             raise ConfigError(f"scheduler.trainers must be >= 1, got {self.trainers}.")

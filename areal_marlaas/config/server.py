@@ -54,11 +54,24 @@ class MultiLoRAvLLMConfig(vLLMConfig):
     max_num_seqs: int = field(
         default=128, metadata={"help": "Sequences the server batches at once."}
     )
+    scheduling_policy: str = field(
+        default="fcfs",
+        metadata={
+            "help": "vLLM --scheduling-policy. scheduler.rollout_order=fair sets "
+            "priority (requests carry their tenant's priority).",
+            "choices": ["fcfs", "priority"],
+        },
+    )
 
     def __post_init__(self):
         if not self.enable_lora:
             raise ConfigError(
                 "vllm.enable_lora must be true: every MARLaaS task is a LoRA adapter."
+            )
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ConfigError(
+                "vllm.scheduling_policy must be fcfs or priority, got "
+                f"{self.scheduling_policy!r}."
             )
         if self.max_loras < 1:
             raise ConfigError(f"vllm.max_loras must be >= 1, got {self.max_loras}.")

@@ -199,12 +199,23 @@ def test_corrupt_tasks_yaml_is_a_clear_error(main_yaml, tmp_path):
         ("scheduler.max_concurrent_rollouts=-1", "scheduler.max_concurrent_rollouts"),
         ("scheduler.trainer_cpus=one", "scheduler.trainer_cpus"),
         ("server.cpu_affinity=3-1", "server.cpu_affinity"),
+        ("scheduler.rollout_order=vtc", "scheduler.rollout_order"),
+        ("vllm.scheduling_policy=lifo", "vllm.scheduling_policy"),
     ],
 )
 def test_bad_scheduler_setting_names_the_field(main_yaml, tmp_path, override, field):
     tasks = write(tmp_path / "t.yaml", {"tasks": [task("a")]})
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         load_config(["--config", str(main_yaml), "--tasks", str(tasks), override])
+
+
+def test_fair_rollouts_start_the_server_with_priority_scheduling(main_yaml, tmp_path):
+    tasks = write(tmp_path / "t.yaml", {"tasks": [task("a")]})
+    base = ["--config", str(main_yaml), "--tasks", str(tasks)]
+
+    assert load_config(base)[0].vllm.scheduling_policy == "fcfs"
+    cfg, _ = load_config([*base, "scheduler.rollout_order=fair"])
+    assert cfg.vllm.scheduling_policy == "priority"
 
 
 def test_multi_lora_off_and_rollout_cap_set_max_rolling(main_yaml, tmp_path):
