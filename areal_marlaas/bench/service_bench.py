@@ -9,6 +9,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +21,19 @@ from areal_marlaas.bench.service_load import (
     GRADERS,
     TERMINAL,
     TTFS_PARTS,
+    JobPlan,
     ServiceProcess,
     arithmetic_lines,
     arrival_times,
+    job_plan,
     job_steps,
     run_metrics,
+    tenant_metrics,
 )
 from areal_marlaas.config.bench_service import ServiceBenchConfig, ServiceLoadConfig
 from areal_marlaas.config.loader import compose_yaml, load_config, parse_args
 from areal_marlaas.rollout.server import free_port
+from areal_marlaas.rundir.reader import phase_records, read_jsonl
 
 logger = logging.getLogger("MARLaaSBenchService")
 
@@ -67,39 +72,66 @@ class ServiceBench:
 
     # -- one service, every rate ---------------------------------------------------
     def _service_overrides(self, service: str) -> list[str]:
-        # One tenant sends every job, so the per-tenant caps decide: fifo runs
-        # one at a time, async all of them; both hold every job in the queue.
-        n = self.load.jobs
-        order = "first_steps" if service == "async_first" else "fifo"
+        # The per-tenant caps decide: fifo runs one job at a time (with several
+        # tenants, the scheduler holds one), the others every job; all of them
+        # hold every job in the queue.
+        plan = job_plan(self.load, self.load.seed)
+        total = len(plan)
+        per_tenant = max(Counter(p.tenant for p in plan).values())
+        order = {"async_first": "first_steps", "fair": "fair"}.get(service, "fifo")
+        svc = self.cfg.service
+        held = 1 if service == "fifo" and self.load.tenants else total
         return [
             *self.overrides,
             f"scheduler.train_order={order}",
-            f"service.max_running_jobs={1 if service == 'fifo' else n}",
-            f"service.max_queued_jobs={max(n, self.cfg.service.max_queued_jobs)}",
-            f"service.max_tasks={max(n, self.cfg.service.max_tasks)}",
+            f"scheduler.rollout_order={'fair' if service == 'fair' else 'fifo'}",
+            f"service.max_running_jobs={1 if service == 'fifo' else per_tenant}",
+            f"service.max_queued_jobs={max(per_tenant, svc.max_queued_jobs)}",
+            f"service.max_tasks={held if held == 1 else max(total, svc.max_tasks)}",
         ]
 
-    def _tenant(self, proc: ServiceProcess) -> Any:
-        """The tenant (created in the service's store before it starts) as an
-        ``openai`` client."""
+    def _service_config(self, proc: ServiceProcess) -> Any:
+        from areal_marlaas.service.cli import load_service_config
+        from areal_marlaas.service.runner import stack_config
+
+        return stack_config(load_service_config(self.base_yaml, proc.overrides))
+
+    def _tenants(self, proc: ServiceProcess) -> dict[str, Any]:
+        """Every tenant of the load (created with its weight in the service's
+        store before it starts), each as an ``openai`` client."""
         import openai
 
-        from areal_marlaas.service.cli import load_service_config
         from areal_marlaas.service.store import JobStore
 
-        cfg = load_service_config(self.base_yaml, proc.overrides).service
-        store = JobStore.from_config(cfg)
+        store = JobStore.from_config(self._service_config(proc).service)
+        clients = {}
         try:
-            _, key = store.create_tenant("bench")
+            for name, weight in self._weights().items():
+                _, key = store.create_tenant(name, weight=weight)
+                clients[name] = openai.OpenAI(
+                    base_url=proc.base_url, api_key=key, max_retries=2
+                )
         finally:
             store.close()
-        return openai.OpenAI(base_url=proc.base_url, api_key=key, max_retries=2)
+        return clients
 
-    def _method(self) -> dict[str, Any]:
+    def _weights(self) -> dict[str, float]:
+        return {p.tenant: p.weight for p in job_plan(self.load, self.load.seed)}
+
+    def _task_names(self, proc: ServiceProcess, ids: list[str]) -> list[str]:
+        from areal_marlaas.service.store import JobStore
+
+        store = JobStore.from_config(self._service_config(proc).service)
+        try:
+            return [store.job(i).task_name for i in ids]
+        finally:
+            store.close()
+
+    def _method(self, job: JobPlan) -> dict[str, Any]:
         hp = {
-            "batch_size": self.load.batch_size,
+            "batch_size": job.batch_size,
             "n_epochs": self.load.n_epochs,
-            "compute_multiplier": self.load.compute_multiplier,
+            "compute_multiplier": job.compute_multiplier,
         }
         return {
             "type": "reinforcement",
@@ -110,21 +142,27 @@ class ServiceBench:
         }
 
     def _one_rate(
-        self, client: Any, files: list[str], rate: float, seed: int
+        self,
+        proc: ServiceProcess,
+        clients: dict[str, Any],
+        files: list[str],
+        rate: float,
+        seed: int,
     ) -> dict[str, Any]:
         """Send the jobs at their arrival times, wait for all, read them back."""
-        offsets = arrival_times(self.load.jobs, rate, seed)
+        plan = job_plan(self.load, seed)
+        offsets = arrival_times(len(plan), rate, seed)
         t0 = time.monotonic()
         first_arrival = None
         ids = []
-        for file_id, at in zip(files, offsets, strict=True):
+        for job, file_id, at in zip(plan, files, offsets, strict=True):
             time.sleep(max(0.0, t0 + at - time.monotonic()))
             if first_arrival is None:
                 first_arrival = time.time()
-            job = client.fine_tuning.jobs.create(
-                model=BASE_MODEL, training_file=file_id, method=self._method()
+            made = clients[job.tenant].fine_tuning.jobs.create(
+                model=BASE_MODEL, training_file=file_id, method=self._method(job)
             )
-            ids.append(job.id)
+            ids.append(made.id)
         deadline = t0 + self.load.run_timeout_s
         pending = set(range(len(ids)))
         while pending:
@@ -134,28 +172,34 @@ class ServiceBench:
                     f"{self.load.run_timeout_s:.0f} s (load.run_timeout_s)"
                 )
             for i in list(pending):
+                client = clients[plan[i].tenant]
                 if client.fine_tuning.jobs.retrieve(ids[i]).status in TERMINAL:
                     pending.discard(i)
             time.sleep(1.0)
         jobs = []
-        for job_id in ids:
-            job = client.fine_tuning.jobs.retrieve(job_id)
-            started = getattr(job, "started_at", None)
+        tasks = self._task_names(proc, ids)
+        for job, job_id, task in zip(plan, ids, tasks, strict=True):
+            client = clients[job.tenant]
+            got = client.fine_tuning.jobs.retrieve(job_id)
+            started = getattr(got, "started_at", None)
             jobs.append(
                 {
                     "id": job_id,
-                    "status": job.status,
-                    "ttfs_s": getattr(job, "ttfs_s", None),
+                    "tenant": job.tenant,
+                    "task": task,
+                    "status": got.status,
+                    "ttfs_s": getattr(got, "ttfs_s", None),
                     # The job object's times are whole seconds.
-                    "waiting_s": None if started is None else started - job.created_at,
+                    "waiting_s": None if started is None else started - got.created_at,
+                    "usage": getattr(got, "usage", None),
                     **job_steps(client, job_id),
                 }
             )
-        return {
-            "arrivals_s": offsets,
-            "jobs": jobs,
-            "metrics": run_metrics(jobs, first_arrival),
-        }
+        metrics = run_metrics(jobs, first_arrival)
+        if self.load.tenants:
+            events = read_jsonl(self._service_config(proc).run_dir / "events.jsonl")
+            metrics.update(tenant_metrics(jobs, phase_records(events), self._weights()))
+        return {"arrivals_s": offsets, "jobs": jobs, "metrics": metrics}
 
     def _one_service(self, service: str, repeat: int) -> None:
         root = self.work / f"{service}.r{repeat}"
@@ -163,28 +207,30 @@ class ServiceBench:
         proc = ServiceProcess(
             root, self.base_yaml, self._service_overrides(service), free_port()
         )
-        client = self._tenant(proc)
+        clients = self._tenants(proc)
+        seed = self.load.seed + repeat
         t = time.monotonic()
         try:
             proc.start()
             startup = time.monotonic() - t
-            files = [
-                client.files.create(
-                    file=(f"j{i}.jsonl", arithmetic_lines(self.load.lines_per_job, i)),
+            files = [  # each job's file, uploaded by the tenant that sends it
+                clients[job.tenant]
+                .files.create(
+                    file=(f"j{i}.jsonl", arithmetic_lines(job.lines, i)),
                     purpose="fine-tune",
-                ).id
-                for i in range(self.load.jobs)
+                )
+                .id
+                for i, job in enumerate(job_plan(self.load, seed))
             ]
             for rate in self.load.rates_per_min:
                 label = f"{service}@{rate:g}/min.r{repeat}"
                 logger.info("run %s", label)
-                print(f"[bench-service] {label}: {self.load.jobs} jobs", flush=True)
+                print(f"[bench-service] {label}: {len(files)} jobs", flush=True)
                 run = {"label": label, "service": service, "rate_per_min": rate}
                 run["repeat"] = repeat
                 run["startup_s"] = startup
                 try:
-                    seed = self.load.seed + repeat
-                    run.update(self._one_rate(client, files, rate, seed))
+                    run.update(self._one_rate(proc, clients, files, rate, seed))
                     run["status"] = "ok"
                     m = run["metrics"]
                     if m["succeeded"] != m["jobs"]:
@@ -255,6 +301,7 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
         row["ttfs_parts"] = (
             {k: mean_sd([x[k] for x in parts]) for k in TTFS_PARTS} if parts else None
         )
+        row.update(summarize_tenants([r["metrics"] for r in ok]))
         rows.append(row)
     by = {(r["service"], r["rate_per_min"]): r for r in rows}
     for row in rows:
@@ -265,6 +312,37 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
             a, f = row["ttfs_p95_s"][0], fifo["ttfs_p95_s"][0]
             row["ttfs_p95_vs_fifo"] = a / f if a and f else None
     return rows
+
+
+TENANT_KEYS = (
+    "ttfs_p95_s",
+    "ttfs_p95_in_steps",
+    "step_s",
+    "weighted_trainer_share",
+    "token_share",
+)
+FAIRNESS_KEYS = ("jain", "max_min_ratio", "window_s")
+
+
+def summarize_tenants(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean and sd over repeats of each tenant's metrics and of the trainer's
+    fairness (runs with ``load.tenants``; else nothing)."""
+    metrics = [m for m in metrics if m.get("tenants")]
+    if not metrics:
+        return {}
+    names = sorted({t for m in metrics for t in m["tenants"]})
+    return {
+        "tenants": {
+            t: {
+                k: mean_sd([m["tenants"][t][k] for m in metrics if t in m["tenants"]])
+                for k in TENANT_KEYS
+            }
+            for t in names
+        },
+        "fairness": {
+            k: mean_sd([m["fairness"][k] for m in metrics]) for k in FAIRNESS_KEYS
+        },
+    }
 
 
 def _ms(v: tuple[float | None, float | None], digits: int = 1) -> str:
@@ -300,13 +378,46 @@ def format_markdown(result: dict[str, Any]) -> str:
     ]
     if ratios:
         lines += ["", "; ".join(ratios)]
+    shared = [r for r in result.get("summary") or [] if r.get("tenants")]
+    if shared:
+        lines += [
+            "",
+            "Tenants: TTFS p95 in its own steps; weighted trainer share = its "
+            "trainer-seconds / weight over all tenants'; Jain and max/min of the "
+            "weighted trainer-seconds while every tenant was backlogged.",
+            "",
+            "| service | jobs/min | tenant | TTFS p95 s | TTFS p95 / own step | "
+            "step s | weighted trainer share | token share |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in shared:
+            for t, m in r["tenants"].items():
+                lines.append(
+                    f"| {r['service']} | {r['rate_per_min']:g} | {t} | "
+                    + " | ".join(
+                        _ms(m[k], 1 if k.endswith("_s") else 2) for k in TENANT_KEYS
+                    )
+                    + " |"
+                )
+        lines += [
+            "",
+            "| service | jobs/min | Jain | max/min | all-backlogged window s |",
+            "|---|---|---|---|---|",
+        ]
+        for r in shared:
+            f = r["fairness"]
+            lines.append(
+                f"| {r['service']} | {r['rate_per_min']:g} | {_ms(f['jain'], 3)} | "
+                f"{_ms(f['max_min_ratio'], 2)} | {_ms(f['window_s'])} |"
+            )
     parted = [r for r in result.get("summary") or [] if r.get("ttfs_parts")]
     if parted:
         lines += [
             "",
-            "Where TTFS went (mean per job, s): waiting = in the service's job "
-            "queue; first batch = set-up, rollout and rewards; queue = in the "
-            "training queue; train = the step.",
+            "Where TTFS went (mean per job, s): waiting = until its first "
+            "rollout (job queue, hand-over with its set-up, admission); first "
+            "batch = rollout and rewards; queue = in the training queue; train "
+            "= the step.",
             "",
             "| service | jobs/min | waiting | first batch | queue | train |",
             "|---|---|---|---|---|---|",

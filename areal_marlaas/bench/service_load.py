@@ -10,10 +10,11 @@ Metrics per run (docs/bench.md#service-under-load):
 - throughput: committed steps / (last step - first arrival), per hour.
 - step time: the mean ``train_s`` of the run's steps (what "TTFS <= 2 step
   times" is measured in).
-- TTFS parts (mean per job): ``waiting_s`` (created -> started: the service's
-  job queue; whole seconds, the job object's resolution), ``first_batch_s``
-  (started -> its first batch queued for the trainer: set-up, rollout,
-  rewards), ``queue_s`` (in the training queue) and ``train_s`` (the step).
+- TTFS parts (mean per job): ``waiting_s`` (created -> started, its first
+  rollout: the service's job queue, the hand-over and admission; whole seconds,
+  the job object's resolution), ``first_batch_s`` (started -> its first batch
+  queued for the trainer: rollout, rewards), ``queue_s`` (in the training
+  queue) and ``train_s`` (the step).
 """
 
 from __future__ import annotations
@@ -26,13 +27,17 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from areal_marlaas.bench.fairness import fairness
 from areal_marlaas.bench.run_metrics import percentile
+from areal_marlaas.config.bench_service import ServiceLoadConfig
 from areal_marlaas.procs import stop_group, tail
 
 logger = logging.getLogger("MARLaaSBenchService")
@@ -84,6 +89,81 @@ def arrival_times(n: int, rate_per_min: float, seed: int) -> list[float]:
         t += rng.expovariate(1.0) * 60.0 / rate_per_min
         out.append(t)
     return out
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """One job of a run: who sends it and how large it is."""
+
+    tenant: str
+    weight: float
+    batch_size: int
+    compute_multiplier: float
+    lines: int
+
+
+def job_plan(load: ServiceLoadConfig, seed: int) -> list[JobPlan]:
+    """A run's jobs in arrival order. Without ``load.tenants``, ``load.jobs`` jobs
+    of one tenant ``bench``; with them, every tenant's jobs in a shuffle seeded by
+    ``seed`` (each service sees the same order). Every job has the same number of
+    batches: its lines scale with its batch size."""
+    batches = load.lines_per_job // load.batch_size
+    if not load.tenants:
+        one = JobPlan(
+            "bench", 1.0, load.batch_size, load.compute_multiplier, load.lines_per_job
+        )
+        return [one] * load.jobs
+    jobs: list[JobPlan] = []
+    for t in load.tenants:
+        size = t.batch_size or load.batch_size
+        mult = t.compute_multiplier or load.compute_multiplier
+        jobs += [JobPlan(t.name, t.weight, size, mult, batches * size)] * t.jobs
+    random.Random(seed).shuffle(jobs)
+    return jobs
+
+
+def tenant_metrics(
+    jobs: list[dict[str, Any]],
+    events: Iterable[Mapping[str, Any]],
+    weights: Mapping[str, float],
+) -> dict[str, Any]:
+    """Per tenant, from its jobs (``tenant``, ``task``, ``ttfs_s``, ``train_s``
+    and the job object's ``usage``): TTFS p50/p95, its mean step, TTFS p95 in its
+    own steps, trainer-seconds and generated tokens with its share of each (the
+    trainer's weighted); and the trainer's fairness over the window in which
+    every tenant was backlogged, from the run directory's interval ``events``
+    (``bench.fairness``)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for j in jobs:
+        by.setdefault(j["tenant"], []).append(j)
+
+    def usage(j: dict[str, Any], key: str) -> float:
+        return float((j.get("usage") or {}).get(key) or 0)
+
+    trainer = {t: sum(usage(j, "trainer_s") for j in js) for t, js in by.items()}
+    tokens = {t: sum(usage(j, "generated_tokens") for j in js) for t, js in by.items()}
+    weighted = {t: trainer[t] / weights.get(t, 1.0) for t in by}
+    total_w, total_tok = sum(weighted.values()), sum(tokens.values())
+    rows = {}
+    for t, js in by.items():
+        known = [j["ttfs_s"] for j in js if j.get("ttfs_s") is not None]
+        steps = [s for j in js for s in j.get("train_s") or []]
+        step_s = statistics.fmean(steps) if steps else None
+        p95 = percentile(known, 95)
+        rows[t] = {
+            "weight": weights.get(t, 1.0),
+            "jobs": len(js),
+            "ttfs_p50_s": percentile(known, 50),
+            "ttfs_p95_s": p95,
+            "step_s": step_s,
+            "ttfs_p95_in_steps": p95 / step_s if p95 and step_s else None,
+            "trainer_s": trainer[t],
+            "generated_tokens": tokens[t],
+            "weighted_trainer_share": weighted[t] / total_w if total_w else None,
+            "token_share": tokens[t] / total_tok if total_tok else None,
+        }
+    tenant_of = {j["task"]: j["tenant"] for j in jobs if j.get("task")}
+    return {"tenants": rows, "fairness": fairness(events, tenant_of, weights)}
 
 
 def run_metrics(

@@ -13,9 +13,50 @@ from areal_marlaas.errors import ConfigError
 # time in arrival order (what a one-job-per-run platform gives a queue of
 # tenants); `async` runs them all at once on the shared trainer, its training
 # queue in FIFO order; `async_first` also trains each job's first batch ahead of
-# running jobs' later ones (scheduler.train_order=first_steps).
-SERVICES = ("async", "async_first", "fifo")
+# running jobs' later ones (scheduler.train_order=first_steps); `fair` shares the
+# trainer and the server between tenants by weight (scheduler.train_order=fair,
+# scheduler.rollout_order=fair).
+SERVICES = ("async", "async_first", "fair", "fifo")
 GRADERS = ("string_check", "text_similarity")
+
+
+@dataclass
+class TenantLoad:
+    """One tenant of ``load.tenants``: its weight and the size of its jobs."""
+
+    name: str = field(
+        default="", metadata={"help": "Its name (created in the service's store)."}
+    )
+    weight: float = field(
+        default=1.0,
+        metadata={"help": "Its share weight (marlaas service tenant add --weight)."},
+    )
+    jobs: int = field(default=1, metadata={"help": "Jobs it sends per run."})
+    batch_size: int = field(
+        default=0,
+        metadata={
+            "help": "Its jobs' batch_size (0: load.batch_size); their lines scale "
+            "with it, so every job has the same number of steps."
+        },
+    )
+    compute_multiplier: float = field(
+        default=0.0,
+        metadata={"help": "Its jobs' compute_multiplier (0: load.compute_multiplier)."},
+    )
+
+    def __post_init__(self):
+        where = f"load.tenants[{self.name or '?'}]"
+        if not self.name:
+            raise ConfigError("load.tenants: every tenant needs a name.")
+        if not (self.weight > 0 and math.isfinite(self.weight)):
+            raise ConfigError(f"{where}.weight must be > 0, got {self.weight}.")
+        if not isinstance(self.jobs, int) or self.jobs < 1:
+            raise ConfigError(f"{where}.jobs must be an integer >= 1, got {self.jobs}.")
+        if self.batch_size < 0 or self.compute_multiplier < 0:
+            raise ConfigError(
+                f"{where}.batch_size and .compute_multiplier must be >= 0 (0: the "
+                "load's), got {self.batch_size} and {self.compute_multiplier}."
+            )
 
 
 @dataclass
@@ -23,7 +64,20 @@ class ServiceLoadConfig:
     """What ``marlaas bench-service`` sends: ``jobs`` fine-tuning jobs arriving as
     a Poisson process, through the official ``openai`` SDK."""
 
-    jobs: int = field(default=8, metadata={"help": "Jobs per run, sent by one tenant."})
+    jobs: int = field(
+        default=8,
+        metadata={
+            "help": "Jobs per run, sent by one tenant (when load.tenants is empty)."
+        },
+    )
+    tenants: list[TenantLoad] = field(
+        default_factory=list,
+        metadata={
+            "help": "Tenants that send the jobs instead, each with its weight, "
+            "job count and job size; their jobs arrive mixed in one Poisson "
+            "process (a seeded shuffle, the same for every service)."
+        },
+    )
     rates_per_min: list[float] = field(
         default_factory=lambda: [2.0, 6.0],
         metadata={"help": "Poisson arrival rates, jobs per minute (one run each)."},
@@ -34,8 +88,10 @@ class ServiceLoadConfig:
             "help": "Services compared: async (every job runs at once on the "
             "shared trainer, training queue in FIFO order), async_first (the "
             "same, each job's first batch trained first: "
-            "scheduler.train_order=first_steps) and fifo "
-            "(service.max_running_jobs=1: one job at a time, in arrival order)."
+            "scheduler.train_order=first_steps), fair (the same, trainer and "
+            "server shared by tenant weight: scheduler.train_order=fair, "
+            "scheduler.rollout_order=fair) and fifo (one job at a time, in "
+            "arrival order)."
         },
     )
     repeats: int = field(
@@ -84,6 +140,12 @@ class ServiceLoadConfig:
     def __post_init__(self):
         if not isinstance(self.jobs, int) or self.jobs < 1:
             raise ConfigError(f"load.jobs must be an integer >= 1, got {self.jobs}.")
+        self.tenants = [
+            t if isinstance(t, TenantLoad) else TenantLoad(**t) for t in self.tenants
+        ]
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"load.tenants: names must be unique, got {names}.")
         self.rates_per_min = [float(r) for r in self.rates_per_min]
         if not self.rates_per_min or any(
             not (r > 0 and math.isfinite(r)) for r in self.rates_per_min

@@ -11,7 +11,12 @@ import pytest
 
 from areal_marlaas.bench.run_metrics import percentile
 from areal_marlaas.bench.service_bench import format_markdown, summarize
-from areal_marlaas.bench.service_load import arrival_times, run_metrics
+from areal_marlaas.bench.service_load import (
+    arrival_times,
+    job_plan,
+    run_metrics,
+    tenant_metrics,
+)
 from areal_marlaas.config.bench_service import ServiceLoadConfig
 from areal_marlaas.errors import ConfigError
 
@@ -149,10 +154,15 @@ def test_summary_means_and_async_over_fifo_ratios():
         ({"lines_per_job": 1, "batch_size": 2}, "load.lines_per_job"),
         ({"grader": "python"}, "load.grader"),
         ({"repeats": 0}, "load.repeats"),
+        ({"tenants": [{"name": "a", "weight": 0}]}, r"load.tenants\[a\].weight"),
+        ({"tenants": [{"name": "a", "jobs": 0}]}, r"load.tenants\[a\].jobs"),
+        ({"tenants": [{"weight": 1}]}, "load.tenants"),
+        ({"tenants": [{"name": "a"}, {"name": "a"}]}, "load.tenants"),
     ],
 )
 def test_bad_load_settings_are_refused_naming_the_field(kw, field):
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+    pattern = field if "\\" in field else field.replace(".", r"\.")
+    with pytest.raises(ConfigError, match=pattern):
         ServiceLoadConfig(**kw)
 
 
@@ -187,3 +197,134 @@ def test_shipped_config_loads_and_sets_the_services_apart():
     from areal_marlaas.service.cli import load_service_config
 
     assert load_service_config(base, first).scheduler.train_order == "first_steps"
+
+
+def tenants_load(**kw) -> ServiceLoadConfig:
+    return ServiceLoadConfig(
+        tenants=[
+            {"name": "heavy", "jobs": 1, "batch_size": 4, "compute_multiplier": 2.0},
+            {"name": "light", "jobs": 3, "weight": 2.0},
+        ],
+        **kw,
+    )
+
+
+def test_job_plan_mixes_tenants_by_seed_and_keeps_every_job_s_step_count():
+    load = tenants_load(lines_per_job=4, batch_size=2)
+    plan = job_plan(load, seed=0)
+    assert sorted(p.tenant for p in plan) == ["heavy", "light", "light", "light"]
+    heavy = next(p for p in plan if p.tenant == "heavy")
+    light = next(p for p in plan if p.tenant == "light")
+    # Two batches each: the heavy job's lines scale with its batch size.
+    assert (heavy.batch_size, heavy.lines, heavy.compute_multiplier) == (4, 8, 2.0)
+    assert (light.batch_size, light.lines, light.weight) == (2, 4, 2.0)
+    assert job_plan(load, seed=0) == plan  # every service sees the same order
+    orders = {tuple(p.tenant for p in job_plan(load, s)) for s in range(20)}
+    assert len(orders) == 4  # the heavy job's place moves with the seed
+    single = job_plan(ServiceLoadConfig(jobs=3), seed=0)
+    assert [p.tenant for p in single] == ["bench"] * 3
+
+
+def test_tenant_metrics_exact_shares_and_fairness():
+    jobs = [
+        {
+            "tenant": "a",
+            "task": "ta",
+            "ttfs_s": 10.0,
+            "train_s": [4.0, 4.0],
+            "usage": {"trainer_s": 8.0, "generated_tokens": 300},
+        },
+        {
+            "tenant": "b",
+            "task": "tb",
+            "ttfs_s": 6.0,
+            "train_s": [2.0, 2.0],
+            "usage": {"trainer_s": 4.0, "generated_tokens": 100},
+        },
+    ]
+    # Both backlogged in [0, 10]: a trains 0-4, b 4-6 (weight 2), a 6-10.
+    events = [
+        {"task": "ta", "phase": "queue", "start": 0.0, "end": 0.0},
+        {"task": "ta", "phase": "train", "start": 0.0, "end": 4.0},
+        {"task": "tb", "phase": "queue", "start": 0.0, "end": 4.0},
+        {"task": "tb", "phase": "train", "start": 4.0, "end": 6.0},
+        {"task": "ta", "phase": "queue", "start": 4.0, "end": 6.0},
+        {"task": "ta", "phase": "train", "start": 6.0, "end": 10.0},
+        {"task": "tb", "phase": "queue", "start": 6.0, "end": 10.0},
+        {"task": "other", "phase": "train", "start": 0.0, "end": 10.0},
+    ]
+    m = tenant_metrics(jobs, events, {"a": 1.0, "b": 2.0})
+    a, b = m["tenants"]["a"], m["tenants"]["b"]
+    assert a["weighted_trainer_share"] == pytest.approx(8 / 10)
+    assert b["weighted_trainer_share"] == pytest.approx(2 / 10)
+    assert (a["token_share"], b["token_share"]) == (0.75, 0.25)
+    assert a["ttfs_p95_in_steps"] == pytest.approx(10 / 4)
+    assert b["ttfs_p95_in_steps"] == pytest.approx(6 / 2)
+    f = m["fairness"]
+    assert f["window_s"] == 10.0
+    assert f["weighted_trainer_s"] == {"a": 8.0, "b": 1.0}
+    assert f["max_min_ratio"] == 8.0
+    assert f["jain"] == pytest.approx(81 / (2 * 65))
+
+
+def test_summary_and_markdown_carry_each_tenant_and_the_fairness():
+    def shared(service, repeat, share_a, jain):
+        m = {
+            "tenants": {
+                t: {
+                    "ttfs_p95_s": 10.0,
+                    "ttfs_p95_in_steps": 2.0,
+                    "step_s": 5.0,
+                    "weighted_trainer_share": s,
+                    "token_share": s,
+                }
+                for t, s in (("a", share_a), ("b", 1 - share_a))
+            },
+            "fairness": {"jain": jain, "max_min_ratio": 2.0, "window_s": 30.0},
+        }
+        r = run(service, 4.0, repeat, 300.0, [10.0, 12.0])
+        r["metrics"].update(m)
+        return r
+
+    result = {
+        "runs": [
+            shared("async", 0, 0.8, 0.7),
+            shared("async", 1, 0.6, 0.9),
+            shared("fair", 0, 0.5, 1.0),
+        ]
+    }
+    rows = {r["service"]: r for r in summarize(result)}
+    a = rows["async"]
+    assert a["tenants"]["a"]["weighted_trainer_share"][0] == pytest.approx(0.7)
+    assert a["fairness"]["jain"][0] == pytest.approx(0.8)
+    md = format_markdown({**result, "summary": summarize(result)})
+    assert "| fair | 4 | a | 10.0 | 2.00 | 5.0 | 0.50 | 0.50 |" in md
+    assert "| async | 4 | 0.800 +- 0.141 | 2.00 +- 0.00 | 30.0 +- 0.0 |" in md
+
+
+def test_shipped_tenants_config_sets_fair_shares_and_per_tenant_caps():
+    from areal_marlaas.bench.service_bench import ServiceBench, load_service_bench
+    from areal_marlaas.service.cli import load_service_config
+    from tests.conftest import REPO
+
+    cfg, base, overrides = load_service_bench(
+        ["--config", str(REPO / "configs" / "bench_service_tenants.yaml")]
+    )
+    assert [t.name for t in cfg.load.tenants][0] == "heavy"
+    bench = ServiceBench(cfg, base, overrides)
+    fair = bench._service_overrides("fair")
+    assert "scheduler.train_order=fair" in fair
+    assert "scheduler.rollout_order=fair" in fair
+    assert "service.max_running_jobs=2" in fair  # each tenant runs all its jobs
+    service = load_service_config(base, fair)
+    assert service.vllm.scheduling_policy == "priority"
+    asynchronous = bench._service_overrides("async")
+    assert "scheduler.rollout_order=fifo" in asynchronous
+    # FIFO over several tenants: the scheduler holds one job at a time.
+    assert "service.max_tasks=1" in bench._service_overrides("fifo")
+    assert bench._weights() == {
+        "heavy": 1.0,
+        "light-a": 1.0,
+        "light-b": 1.0,
+        "light-c": 1.0,
+    }
