@@ -48,7 +48,11 @@ Admission: a task starts a rollout only while the KV footprint of the tasks roll
 out (or the server's reported usage, whichever is larger) plus its own stays within
 ``kv_budget``, and fewer than ``max_rolling`` tasks roll out. Waiting tasks go by
 priority, then submission order, and a task that does not fit holds back those
-behind it (no overtaking, so a large task is never starved).
+behind it (no overtaking, so a large task is never starved). With
+``concurrency=adaptive`` (async only) a task that has not rolled out since it was
+submitted or resumed enters the loop only while the tasks in it offer the
+trainers less than ``target_load`` x ``trainers`` (``concurrency.LoopLoad``);
+it waits held ``load`` in admission order, the tasks in the loop pass it.
 
 Evals: a task submitted with ``eval_every`` gets a ``StartEval`` after every
 ``eval_every``-th committed version is published, and after its last. An eval is
@@ -75,6 +79,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from areal_marlaas.scheduler.concurrency import (
+    CONCURRENCIES,
+    Concurrency,
+    LoopLoad,
+)
 from areal_marlaas.scheduler.events import (
     Action,
     Cancel,
@@ -113,12 +122,14 @@ from areal_marlaas.scheduler.train_queue import (
 )
 
 __all__ = [
+    "CONCURRENCIES",
     "MODES",
     "ROLLOUT_ORDERS",
     "TRAIN_ORDERS",
     "Action",
     "AdmissionError",
     "Cancel",
+    "Concurrency",
     "EvalDone",
     "Event",
     "FinishTask",
@@ -186,6 +197,8 @@ class SchedulerCore:
     task_retries: int = 0  # retries of a failed phase per version
     train_order: TrainOrder = TrainOrder.FIFO  # a TrainOrder or its value
     rollout_order: RolloutOrder = RolloutOrder.FIFO  # a RolloutOrder or its value
+    concurrency: Concurrency = Concurrency.OFF  # a Concurrency or its value
+    target_load: float = 1.0  # concurrency=adaptive: the loop's load x trainers
     tasks: dict[str, TaskState] = field(default_factory=dict, init=False)
     train_queue: TrainQueue = field(init=False)
     training: dict[str, int] = field(default_factory=dict, init=False)  # -> trainer
@@ -197,6 +210,8 @@ class SchedulerCore:
     table: TaskTable = field(default_factory=TaskTable, init=False, repr=False)
     # Tenants' shares of the server (rollout_order=fair), else None.
     rollout_share: RolloutShare | None = field(default=None, init=False, repr=False)
+    # The tasks in the loop and their load (concurrency=adaptive), else None.
+    loop: LoopLoad | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -218,6 +233,17 @@ class SchedulerCore:
             raise ValueError(f"trainers must be >= 1, got {self.trainers}")
         if self.max_rolling is not None and self.max_rolling < 1:
             raise ValueError(f"max_rolling must be >= 1, got {self.max_rolling}")
+        if self.concurrency not in CONCURRENCIES:
+            raise ValueError(
+                f"concurrency must be one of {CONCURRENCIES}, got {self.concurrency!r}"
+            )
+        self.concurrency = Concurrency(self.concurrency)
+        if self.concurrency is Concurrency.ADAPTIVE:
+            if self.mode is not Mode.ASYNC:
+                raise ValueError(
+                    f"concurrency=adaptive needs mode async, got {self.mode.value}"
+                )
+            self.loop = LoopLoad(self.trainers, self.target_load)
 
     # -- queries ----------------------------------------------------------------
     def finished(self) -> bool:
@@ -226,6 +252,11 @@ class SchedulerCore:
     def rolling(self) -> list[str]:
         """Tasks rolling out now, in submission order."""
         return sorted(self.table.rolling, key=lambda n: self.tasks[n].order)
+
+    def waiting_for_load(self) -> list[str]:
+        """Tasks held ``load`` (concurrency=adaptive), in the order they enter."""
+        keys = self.table.waiting_held.get(HoldReason.LOAD, [])
+        return [self.table.task(k).name for k in keys]
 
     def kv_in_use(self) -> int:
         """Estimated KV of the batches rolling out and the evals running now."""
@@ -238,11 +269,18 @@ class SchedulerCore:
     # -- transitions ------------------------------------------------------------
     def handle(self, event: Event) -> list[Action]:
         actions = self._handle(event)
-        share = self.rollout_share
-        if share is not None:  # the one place every end and pause passes
+        share, loop = self.rollout_share, self.loop
+        left = False
+        if share is not None or loop is not None:  # every end and pause passes
             for a in actions:
                 if isinstance(a, FinishTask | TaskPaused):
-                    share.leave(self.tasks[a.task])
+                    if share is not None:
+                        share.leave(self.tasks[a.task])
+                    if loop is not None and loop.inside(a.task):
+                        loop.leave(a.task)
+                        left = True
+        if left:  # its room in the loop goes to the next waiting task
+            actions += self._admit()
         return actions
 
     def _handle(self, event: Event) -> list[Action]:
@@ -275,6 +313,8 @@ class SchedulerCore:
             self._expect(task, Phase.ROLLOUT, event.version)
             if self.rollout_share is not None:
                 self.rollout_share.end(task, event.tokens)
+            if self.loop is not None:
+                self.loop.rolled_out(task.name, event.rollout_s)
             if task.stop is Stop.CANCEL:
                 return self._cancel(task)
             self.table.move(task, Phase.QUEUED)  # its KV is free again
@@ -285,6 +325,8 @@ class SchedulerCore:
                 raise ProtocolError(f"{event} while training {sorted(self.training)}")
             del self.training[task.name]
             self.train_queue.finished(task, event.train_s)
+            if self.loop is not None:
+                self.loop.trained(task.name, event.train_s)
             task.steps_done += 1
             task.errors = 0
             if task.stop is Stop.CANCEL:  # committed, but never served again
@@ -294,6 +336,8 @@ class SchedulerCore:
             return [StartPublish(task.name, task.version), *self._next_train()]
         if isinstance(event, PublishDone):
             self._expect(task, Phase.PUBLISH, event.version)
+            if self.loop is not None:
+                self.loop.published(task.name, event.publish_s)
             if task.eval_due(event.version):
                 task.evals += 1
                 self.eval_queue.append((task.name, event.version))
@@ -349,6 +393,8 @@ class SchedulerCore:
         if task.steps_done >= task.total_steps and task.evals:
             # Done training; it finishes when its last eval returns.
             self.table.move(task, Phase.EVAL)
+            if self.loop is not None:
+                self.loop.leave(task.name)  # no more load on the trainers
             actions += self._next_train()
         elif task.steps_done >= task.total_steps:
             self.table.move(task, Phase.DONE)
@@ -476,8 +522,14 @@ class SchedulerCore:
         turn = self._turn()
         if eval_blocked and turn:
             blocked, block_at = HoldReason.KV, turn[0]
+        loop, outside = self.loop, []  # new tasks the loop has no room for
         for key in [] if eval_blocked else turn:
-            kv_bytes = table.task(key).kv_bytes
+            task = table.task(key)
+            kv_bytes = task.kv_bytes
+            new = loop is not None and not loop.inside(task.name)
+            if new and loop is not None and not loop.may_enter():
+                outside.append(key)
+                continue
             if self.max_rolling is not None and rolling >= self.max_rolling:
                 blocked = HoldReason.CAP
             elif self.kv_budget is not None and used + kv_bytes > self.kv_budget:
@@ -488,7 +540,15 @@ class SchedulerCore:
             used += kv_bytes
             rolling += 1
             starts.append(key)
+            if new and loop is not None:
+                loop.enter(task.name, task.tenant)
         holds: list[tuple[Key, HoldReason]] = []
+        holds += [  # the ones behind a resource hold get its reason below
+            (k, HoldReason.LOAD)
+            for k in outside
+            if table.task(k).held is not HoldReason.LOAD
+            and (block_at is None or k < block_at)
+        ]
         turn_hold = _TURN_HOLD.get(self.mode)
         if turn_hold is not None:  # ahead of a resource hold: waits for its turn
             started = set(starts)

@@ -15,6 +15,8 @@ class HoldReason(StrEnum):
     CAP = "cap"  # max_rolling tasks roll out already
     BARRIER = "barrier"  # sync: its round has not started
     TURN = "turn"  # sequential / collocated: another task's turn
+    # concurrency=adaptive: the tasks in the loop already saturate the trainers
+    LOAD = "load"
 
 
 # -- events (runtime -> core) ---------------------------------------------------
@@ -45,6 +47,8 @@ class RolloutDone:
     # Tokens its batch generated, charged to its tenant's share of the server
     # (rollout_order=fair; None: the share's estimate is charged).
     tokens: int | None = None
+    # Seconds the rollout took (concurrency=adaptive measures the loop with it).
+    rollout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ class TrainDone:
 class PublishDone:
     task: str
     version: int
+    publish_s: float | None = None  # seconds it took (concurrency=adaptive)
 
 
 @dataclass(frozen=True)
@@ -192,8 +197,9 @@ class TaskPaused:
 @dataclass(frozen=True)
 class HoldRollout:
     """A task ready to roll out must wait; emitted once per wait. ``reason``:
-    ``kv`` (budget), ``cap`` (max_rolling), ``barrier`` (sync round) or ``turn``
-    (single-task modes)."""
+    ``kv`` (budget), ``cap`` (max_rolling), ``barrier`` (sync round), ``turn``
+    (single-task modes) or ``load`` (a new task while the loop saturates the
+    trainers, concurrency=adaptive)."""
 
     task: str
     version: int
