@@ -8,8 +8,9 @@ steps on the one it was placed on (round robin, as ``marlaas train`` places
 them); while both run,
 train steps and generation slow by their contention factors; publish is a fixed
 delay, and a task's env (tool-call) time a fixed delay after its batch's
-generation, off the server. The simulator writes the same phase records and step records
-a real run does, so the bench's metrics apply to it unchanged.
+generation, off the server. A task is submitted at its ``arrival_s`` (0: at the
+start), as jobs reach the service. The simulator writes the same phase records
+and step records a real run does, so the bench's metrics apply to it unchanged.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from areal_marlaas.bench.run_metrics import run_metrics
 from areal_marlaas.scheduler.core import (
+    Concurrency,
     FinishTask,
     HoldRollout,
     Mode,
@@ -51,6 +53,7 @@ class SimTask:
     profile: str | None = None  # the fitted task whose latencies it has (None: own)
     tenant: str = ""  # train_order=fair: whose share ("": its own name)
     weight: float = 1.0
+    arrival_s: float = 0.0  # when it is submitted
 
     @property
     def fitted(self) -> str:
@@ -103,6 +106,15 @@ class SimResult:
     events: list[dict[str, Any]] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)
     holds: int = 0
+    arrivals: dict[str, float] = field(default_factory=dict)  # task -> submitted
+
+    def ttfs(self) -> dict[str, float]:
+        """Each task's first commit after its submission."""
+        first: dict[str, float] = {}
+        for s in self.steps:
+            t = s["task"]
+            first[t] = min(first.get(t, s["t_commit"]), s["t_commit"])
+        return {t: c - self.arrivals.get(t, 0.0) for t, c in first.items()}
 
     @property
     def train_steps_per_hour(self) -> float:
@@ -124,6 +136,8 @@ def simulate(
     max_rolling: int | None = None,
     record: bool = True,
     train_order: TrainOrder = TrainOrder.FIFO,
+    concurrency: Concurrency = Concurrency.OFF,
+    target_load: float = 1.0,
 ) -> SimResult:
     """Run ``tasks`` to completion under ``mode``; times start at 0."""
     core = SchedulerCore(
@@ -132,6 +146,8 @@ def simulate(
         max_rolling=max_rolling,
         trainers=trainers,
         train_order=train_order,
+        concurrency=concurrency,
+        target_load=target_load,
     )
     unfinished = len(tasks)
     spec = {t.name: t for t in tasks}
@@ -145,7 +161,7 @@ def simulate(
     train_start: dict[str, float] = {}
     publish_start: dict[str, float] = {}
     version: dict[str, int] = {}
-    ready_at: dict[str, float] = {t.name: 0.0 for t in tasks}
+    ready_at: dict[str, float] = {t.name: t.arrival_s for t in tasks}
     training: dict[str, list] = {}  # task -> [alone-seconds left, its new version]
 
     def timer(at: float, kind: str, task: str, v: int) -> None:
@@ -179,7 +195,9 @@ def simulate(
             elif isinstance(a, HoldRollout):
                 result.holds += 1
 
-    for i, t in enumerate(tasks):
+    placed = itertools.count()
+
+    def submit(t: SimTask) -> None:
         # Placed as marlaas train places them (train.pool.TrainerPool): on the
         # trainer holding the fewest tasks, i.e. round robin in submission order.
         submitted = Submitted(
@@ -187,11 +205,18 @@ def simulate(
             t.steps,
             kv_bytes=t.kv_bytes,
             priority=t.priority,
-            trainer=i % trainers,
+            trainer=next(placed) % trainers,
             tenant=t.tenant,
             weight=t.weight,
         )
+        result.arrivals[t.name] = now
         dispatch(core.handle(submitted))
+
+    for t in sorted(tasks, key=lambda t: t.arrival_s):  # stable: list order
+        if t.arrival_s <= 0:
+            submit(t)
+        else:
+            timer(t.arrival_s, "arrive", t.name, 0)
 
     def trained(task: str, v: int) -> None:
         event(task, v - 1, "train", train_start[task], now)
@@ -235,7 +260,9 @@ def simulate(
                     event(task, version[task], "env", now, now + env)
         while timers and timers[0][0] <= now + EPS:
             _, _, kind, task, v = heapq.heappop(timers)
-            if kind == "serve":
+            if kind == "arrive":
+                submit(spec[task])
+            elif kind == "serve":
                 dev = min(devices, key=lambda d: d.seqs)
                 s = spec[task]
                 dev.add(
@@ -244,11 +271,13 @@ def simulate(
             elif kind == "rolled":
                 rollout_end[task] = now
                 event(task, v, "rollout", rollout_start[task], now)
-                dispatch(core.handle(RolloutDone(task, v)))
+                rolled = RolloutDone(task, v, rollout_s=now - rollout_start[task])
+                dispatch(core.handle(rolled))
             elif kind == "published":
                 event(task, v, "publish", publish_start[task], now)
                 ready_at[task] = now
-                dispatch(core.handle(PublishDone(task, v)))
+                took = now - publish_start[task]
+                dispatch(core.handle(PublishDone(task, v, publish_s=took)))
     assert core.finished()
     result.wall_s = now
     return result
