@@ -9,7 +9,14 @@ from areal.api.cli_args import SchedulerConfig
 from areal_marlaas.config.cluster import RayClusterConfig, SlurmClusterConfig
 from areal_marlaas.errors import ConfigError
 from areal_marlaas.placement import parse_cpus
-from areal_marlaas.scheduler.core import MODES, ROLLOUT_ORDERS, TRAIN_ORDERS
+from areal_marlaas.scheduler.core import (
+    CONCURRENCIES,
+    MODES,
+    ROLLOUT_ORDERS,
+    TRAIN_ORDERS,
+    Concurrency,
+    Mode,
+)
 
 
 @dataclass
@@ -57,6 +64,31 @@ class MARLaaSSchedulerConfig(SchedulerConfig):
             "the others' rollouts; the server runs --scheduling-policy priority "
             "(a server in server.addresses must be started so).",
             "choices": list(ROLLOUT_ORDERS),
+        },
+    )
+    concurrency: str = field(
+        default="off",
+        metadata={
+            "help": "How many tasks are in the loop (rolling out, queued for or "
+            "on the trainer, publishing) at once. off: as many as KV admission "
+            "allows; adaptive (mode async): a task that has not started enters "
+            "only while the tasks in the loop offer the trainers less than "
+            "target_load x trainers (each task's load = its step seconds / its "
+            "whole cycle's, measured online); past that point another task adds "
+            "a step to every task's cycle and buys no throughput. Waiting tasks "
+            "are held 'load' in admission order (the service keeps their jobs "
+            "queued, with their position and an estimated start).",
+            "choices": list(CONCURRENCIES),
+        },
+    )
+    target_load: float = field(
+        default=1.0,
+        metadata={
+            "help": "concurrency=adaptive: the summed load (1.0 = one trainer "
+            "always busy) per trainer up to which new tasks enter. Higher keeps "
+            "the trainers busier through rollout-time noise at the cost of a "
+            "longer wait in the training queue (time to first step); lower the "
+            "opposite."
         },
     )
     trainers: int = field(
@@ -154,6 +186,22 @@ class MARLaaSSchedulerConfig(SchedulerConfig):
             raise ConfigError(
                 f"scheduler.rollout_order must be one of {list(ROLLOUT_ORDERS)}, "
                 f"got {self.rollout_order!r}."
+            )
+        if self.concurrency not in CONCURRENCIES:
+            raise ConfigError(
+                f"scheduler.concurrency must be one of {list(CONCURRENCIES)}, got "
+                f"{self.concurrency!r}."
+            )
+        adaptive = Concurrency(self.concurrency) is Concurrency.ADAPTIVE
+        if adaptive and Mode(self.mode) is not Mode.ASYNC:
+            raise ConfigError(
+                f"scheduler.concurrency=adaptive limits the async loop; with "
+                f"scheduler.mode={self.mode} set scheduler.concurrency=off."
+            )
+        if not self.target_load > 0:
+            raise ConfigError(
+                f"scheduler.target_load must be > 0 (1.0 = the trainers just "
+                f"saturated), got {self.target_load}."
             )
         if self.trainers < 1:
             raise ConfigError(f"scheduler.trainers must be >= 1, got {self.trainers}.")

@@ -34,6 +34,7 @@ from areal_marlaas.scheduler.core import (
     Action,
     AdmissionError,
     Cancel,
+    Concurrency,
     EvalDone,
     FinishTask,
     HoldRollout,
@@ -113,6 +114,8 @@ class RuntimeOptions:
     task_retries: int = 0
     train_order: TrainOrder = TrainOrder.FIFO
     rollout_order: RolloutOrder = RolloutOrder.FIFO
+    concurrency: Concurrency = Concurrency.OFF
+    target_load: float = 1.0
     rollout_timeout: float | None = None
     # Returns the server's KV bytes in use, or None when it cannot be read;
     # polled every kv_poll_interval_s while no other event arrives.
@@ -123,7 +126,7 @@ class RuntimeOptions:
     # Called after every committed step with its steps.jsonl record and stats.
     on_step: Callable[[StepRecord, dict[str, float]], None] | None = None
     # Called (from the dispatcher) when a task's TaskStatus changes, with a
-    # reason (for HELD the admission's: kv|cap|barrier|turn).
+    # reason (for HELD the admission's: kv|cap|barrier|turn|load).
     on_status: Callable[[str, TaskStatus, str], None] | None = None
     # Called after a new version is live on the server.
     on_publish: Callable[[str, int], None] | None = None
@@ -167,6 +170,8 @@ class Runtime:
             task_retries=opts.task_retries,
             train_order=opts.train_order,
             rollout_order=opts.rollout_order,
+            concurrency=opts.concurrency,
+            target_load=opts.target_load,
         )
         self.events: queue.Queue = queue.Queue()
         self._workers = ThreadPoolExecutor(
@@ -497,7 +502,12 @@ class Runtime:
         for env_start, env_end in trajectory.env_intervals(ok):
             self.store.event(a.task, a.version, "env", env_start, env_end)
         self._admission(a.task, a.version, "release")
-        return RolloutDone(a.task, a.version, trajectory.generated_tokens(ok))
+        return RolloutDone(
+            a.task,
+            a.version,
+            trajectory.generated_tokens(ok),
+            rollout_s=t.rollout_end - start,
+        )
 
     def _train(self, a: StartTrain) -> TrainDone:
         t = self.tasks[a.task]
@@ -600,7 +610,7 @@ class Runtime:
             self._quietly(self.options.on_publish, a.task, a.version)
         # Bounded retention: the newest K commits, never the one now served.
         self.store.retain_adapters(a.task, self.options.keep_adapters, served=a.version)
-        return PublishDone(a.task, a.version)
+        return PublishDone(a.task, a.version, publish_s=t.ready_at - start)
 
     def _eval(self, a: StartEval) -> None:
         """Evaluate ``a.version``; whatever happens, the core hears it returned

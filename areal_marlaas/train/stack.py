@@ -30,7 +30,7 @@ from areal_marlaas.rollout.session import RolloutSession
 from areal_marlaas.rundir.records import EvalRecord, EvalSample, StepRecord
 from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.scheduler.backends import RolloutBackend, TrainBackend
-from areal_marlaas.scheduler.core import Mode, RolloutOrder, TrainOrder
+from areal_marlaas.scheduler.core import Concurrency, Mode, RolloutOrder, TrainOrder
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions, TaskRun
 from areal_marlaas.tasks import load_eval_rows, load_task_rows
 from areal_marlaas.tasks.prompt_order import TaskData
@@ -295,6 +295,8 @@ class TrainingStack:
             task_retries=sched.task_retries,
             train_order=TrainOrder(sched.train_order),
             rollout_order=RolloutOrder(sched.rollout_order),
+            concurrency=Concurrency(sched.concurrency),
+            target_load=sched.target_load,
             rollout_timeout=cfg.rollout.request_timeout,
             kv_probe=probe,
             kv_poll_interval_s=sched.kv_poll_interval_s,
