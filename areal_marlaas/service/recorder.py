@@ -58,6 +58,7 @@ class Admitted:
     pending: dict[int, StepRecord] = field(default_factory=dict)
     # Commit times of its newest steps in this process (the job's ETA).
     commits: list[float] = field(default_factory=list)
+    eta: float | None = None  # its estimated finish (epoch seconds), once known
     weight: float = 1.0  # its tenant's, as the scheduler has it
 
 
@@ -86,13 +87,14 @@ class JobRecorder:
         if due:
             held.pending[version] = r
         held.commits = [*held.commits[-ETA_WINDOW:], r["t_commit"]]
+        held.eta = step_metrics.estimated_finish(
+            held.commits, held.total_steps - version
+        )
         self.jobs.record_step(
             held.job_id,
             version,
             data,
-            estimated_finish=step_metrics.estimated_finish(
-                held.commits, held.total_steps - version
-            ),
+            estimated_finish=held.eta,
             at=r["t_commit"],
             event=not due,
             usage=step_usage(r),

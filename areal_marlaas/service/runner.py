@@ -31,6 +31,7 @@ from areal_marlaas.config.service import ServiceRunConfig
 from areal_marlaas.rollout.server_metrics import scrape
 from areal_marlaas.rundir.records import EvalRecord, EvalSample, StepRecord
 from areal_marlaas.scheduler.backends import TaskStatus
+from areal_marlaas.scheduler.events import HoldReason
 from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
 from areal_marlaas.service import eval_runs
 from areal_marlaas.service import jobs as jobspec
@@ -376,12 +377,15 @@ class ServiceRunner:
         if status == TaskStatus.HELD:
             if not held.started and not held.waiting:
                 held.waiting = True
-                why = {"kv": "the server's KV-cache budget is full"}.get(
-                    reason, f"admission ({reason})"
-                )
-                self.jobs.add_event(
-                    job_id, f"Waiting to start: {why}; it starts when a slot frees"
-                )
+                if reason == HoldReason.LOAD:
+                    self._queued_event(held)
+                else:
+                    why = {"kv": "the server's KV-cache budget is full"}.get(
+                        reason, f"admission ({reason})"
+                    )
+                    self.jobs.add_event(
+                        job_id, f"Waiting to start: {why}; it starts when a slot frees"
+                    )
         elif status == TaskStatus.RUNNING:
             held.started = True
             if self.jobs.job(job_id).status == QUEUED:
@@ -401,6 +405,41 @@ class ServiceRunner:
             finally:  # after the status: the poller must never see it running
                 with self._lock:
                     self.admitted.pop(task, None)
+
+    def _queued_event(self, held: Admitted) -> None:
+        """A job that waits for room in the loop (scheduler.concurrency=adaptive):
+        its position among the waiting and an estimated start, the k-th soonest
+        estimated finish of the jobs in the loop (each leaving one frees room
+        for about one job). Called on the runtime's dispatcher, which alone
+        changes the core."""
+        runtime = self.runtime
+        assert runtime is not None and runtime.core.loop is not None
+        core, loop = runtime.core, runtime.core.loop
+        waiting = core.waiting_for_load()
+        position = waiting.index(held.task) + 1 if held.task in waiting else 1
+        with self._lock:
+            etas = sorted(
+                h.eta
+                for h in self.admitted.values()
+                if h.eta is not None and loop.inside(h.task)
+            )
+        start = etas[position - 1] if len(etas) >= position else None
+        when = (
+            f"estimated start in {max(0.0, start - time.time()):.0f} s"
+            if start is not None
+            else "no estimated start until the running jobs have a pace"
+        )
+        self.jobs.add_event(
+            held.job_id,
+            f"Queued: position {position} of {len(waiting)}; the {loop.size} "
+            f"running job(s) keep the trainer busy; {when}",
+            data={
+                "queue_position": position,
+                "queue_length": len(waiting),
+                "running": loop.size,
+                "estimated_start": start,
+            },
+        )
 
     def _finish(self, held: Admitted) -> None:
         """The final adapter as a result file (a tar.gz of the PEFT folder), then

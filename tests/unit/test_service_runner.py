@@ -83,3 +83,37 @@ def test_a_poll_while_a_job_ends_does_not_hand_it_over(
     runner._on_status(job.task_name, status, "boom")
     assert runner.handed == []  # type: ignore[attr-defined]
     assert store.job(job.id).status == status.value
+
+
+def test_a_job_waiting_for_room_in_the_loop_gets_its_position_and_start(
+    store, tmp_path
+):
+    """concurrency=adaptive: two jobs fill the loop (each counts as half the
+    trainer before anything is measured), the next two are held ``load``; the
+    first held one's event gives position 1 of 2 and, as its start, the sooner
+    of the running jobs' estimated finishes."""
+    from areal_marlaas.scheduler.core import SchedulerCore, Submitted
+
+    tenant = new_tenant(store, "acme")
+    jobs = [running_job(store, tenant) for _ in range(4)]
+    runner = runner_holding(store, tmp_path, jobs[0])
+    core = SchedulerCore(concurrency="adaptive")
+    runner.runtime = SimpleNamespace(core=core)  # type: ignore[assignment]
+    for i, job in enumerate(jobs):
+        runner.admitted[job.task_name] = Admitted(
+            job.id, tenant, job.task_name, 4, started=i < 2
+        )
+        core.handle(Submitted(job.task_name, 4))
+    runner.admitted[jobs[0].task_name].eta = 2_000_000_000.0
+    runner.admitted[jobs[1].task_name].eta = 1_900_000_000.0
+
+    runner._on_status(jobs[2].task_name, TaskStatus.HELD, "load")
+
+    event = store.list_events(tenant, jobs[2].id).items[0]  # the newest
+    assert event.message.startswith("Queued: position 1 of 2; the 2 running job(s)")
+    assert event.data == {
+        "queue_position": 1,
+        "queue_length": 2,
+        "running": 2,
+        "estimated_start": 1_900_000_000.0,
+    }
