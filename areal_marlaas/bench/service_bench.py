@@ -34,6 +34,8 @@ from areal_marlaas.config.bench_service import ServiceBenchConfig, ServiceLoadCo
 from areal_marlaas.config.loader import compose_yaml, load_config, parse_args
 from areal_marlaas.rollout.server import free_port
 from areal_marlaas.rundir.reader import phase_records, read_jsonl
+from areal_marlaas.sim.fit_input import FIT_INPUT
+from areal_marlaas.sim.service import dump_service_fit, service_fit_run
 
 logger = logging.getLogger("MARLaaSBenchService")
 
@@ -69,6 +71,8 @@ class ServiceBench:
             "overrides": overrides,
             "runs": [],
         }
+        # label -> what the simulator fits and replays of a run (fit_input.json).
+        self.fit_runs: dict[str, dict[str, Any]] = {}
 
     # -- one service, every rate ---------------------------------------------------
     def _service_overrides(self, service: str) -> list[str]:
@@ -79,12 +83,16 @@ class ServiceBench:
         total = len(plan)
         per_tenant = max(Counter(p.tenant for p in plan).values())
         order = {"async_first": "first_steps", "fair": "fair"}.get(service, "fifo")
+        fair = service in ("fair", "fair_adaptive")
+        order = "fair" if fair else order
+        adaptive = "adaptive" if service == "fair_adaptive" else "off"
         svc = self.cfg.service
         held = 1 if service == "fifo" and self.load.tenants else total
         return [
             *self.overrides,
             f"scheduler.train_order={order}",
-            f"scheduler.rollout_order={'fair' if service == 'fair' else 'fifo'}",
+            f"scheduler.rollout_order={'fair' if fair else 'fifo'}",
+            f"scheduler.concurrency={adaptive}",
             f"service.max_running_jobs={1 if service == 'fifo' else per_tenant}",
             f"service.max_queued_jobs={max(per_tenant, svc.max_queued_jobs)}",
             f"service.max_tasks={held if held == 1 else max(total, svc.max_tasks)}",
@@ -196,9 +204,13 @@ class ServiceBench:
                 }
             )
         metrics = run_metrics(jobs, first_arrival)
+        run_dir = self._service_config(proc).run_dir
+        events = read_jsonl(run_dir / "events.jsonl")
         if self.load.tenants:
-            events = read_jsonl(self._service_config(proc).run_dir / "events.jsonl")
             metrics.update(tenant_metrics(jobs, phase_records(events), self._weights()))
+        self._fit_run = service_fit_run(
+            events, read_jsonl(run_dir / "steps.jsonl"), jobs, offsets, first_arrival
+        )
         return {"arrivals_s": offsets, "jobs": jobs, "metrics": metrics}
 
     def _one_service(self, service: str, repeat: int) -> None:
@@ -231,6 +243,7 @@ class ServiceBench:
                 run["startup_s"] = startup
                 try:
                     run.update(self._one_rate(proc, clients, files, rate, seed))
+                    self.fit_runs[label] = self._fit_run
                     run["status"] = "ok"
                     m = run["metrics"]
                     if m["succeeded"] != m["jobs"]:
@@ -261,6 +274,8 @@ class ServiceBench:
             json.dumps(self.result, indent=1, default=str)
         )
         (self.out / "bench_service.md").write_text(format_markdown(self.result))
+        if self.fit_runs:
+            (self.out / FIT_INPUT).write_text(dump_service_fit(self.fit_runs))
         if any(r["status"] == "ok" for r in self.result["runs"]):
             plot_ttfs(self.result, self.out / "ttfs_by_arrival.png")
 

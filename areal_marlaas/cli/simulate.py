@@ -76,6 +76,37 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate_service(args: argparse.Namespace) -> int:
+    from areal_marlaas.sim.fit_input import FIT_INPUT
+    from areal_marlaas.sim.service import (
+        POLICIES,
+        format_service_sim,
+        load_service_fit,
+        simulate_service,
+    )
+
+    root = Path(args.result)
+    root = root.parent if root.is_file() else root
+    try:
+        if args.fit_service not in POLICIES:
+            raise ValueError(
+                f"--fit-service {args.fit_service!r}: choose from {list(POLICIES)}"
+            )
+        result = json.loads((root / "bench_service.json").read_text())
+        fit = load_service_fit((root / FIT_INPUT).read_text())
+        out = simulate_service(result, fit, args.fit_service, args.tenants)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"marlaas simulate-service: error: {e}", file=sys.stderr)
+        return 2
+    md = format_service_sim(out)
+    print(md)
+    dest = root / "sim_service.json"
+    dest.write_text(json.dumps(out, indent=1))
+    dest.with_suffix(".md").write_text(md)
+    print(f"wrote {dest} and {dest.with_suffix('.md')}")
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub, "report", _report, "Time per phase and task of a run directory"
@@ -136,3 +167,27 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "10,60 (default: each task's fitted time)",
     )
     p.add_argument("--out", default=None, help="JSON (default: <bench>/sim.json)")
+
+    p = add_command(
+        sub,
+        "simulate-service",
+        _simulate_service,
+        "Fit a bench-service run, replay it per policy, project to many tenants",
+        description="Fit latency models on one service's `marlaas bench-service` "
+        "runs, replay every measured run under its own service's policy (the "
+        "other services out of sample), and project async, fair and "
+        "fair_adaptive to many tenants (trainers and servers scaled with them). "
+        "Writes sim_service.json and .md beside bench_service.json.",
+    )
+    p.add_argument("result", help="bench_service.json or the folder holding it")
+    p.add_argument(
+        "--fit-service",
+        default="async",
+        help="The service whose runs are fitted (default: %(default)s)",
+    )
+    p.add_argument(
+        "--tenants",
+        type=comma_list(int, "e.g. 100,1000", minimum=1, nonempty=True),
+        default="100,1000",
+        help="Tenant counts to project (default: %(default)s)",
+    )

@@ -46,6 +46,7 @@ EXPECTED = {
     ("bench-train-step",),
     ("report",),
     ("simulate",),
+    ("simulate-service",),
     ("prepare-model",),
     ("make-tiny-model",),
     ("config-docs",),
