@@ -15,8 +15,9 @@ from areal_marlaas.errors import ConfigError
 # queue in FIFO order; `async_first` also trains each job's first batch ahead of
 # running jobs' later ones (scheduler.train_order=first_steps); `fair` shares the
 # trainer and the server between tenants by weight (scheduler.train_order=fair,
-# scheduler.rollout_order=fair).
-SERVICES = ("async", "async_first", "fair", "fifo")
+# scheduler.rollout_order=fair); `fair_adaptive` also lets in only the jobs that
+# saturate the trainer (scheduler.concurrency=adaptive), the others queued.
+SERVICES = ("async", "async_first", "fair", "fair_adaptive", "fifo")
 GRADERS = ("string_check", "text_similarity")
 
 
@@ -90,7 +91,9 @@ class ServiceLoadConfig:
             "same, each job's first batch trained first: "
             "scheduler.train_order=first_steps), fair (the same, trainer and "
             "server shared by tenant weight: scheduler.train_order=fair, "
-            "scheduler.rollout_order=fair) and fifo (one job at a time, in "
+            "scheduler.rollout_order=fair), fair_adaptive (fair, and only as "
+            "many jobs in the loop as saturate the trainer: "
+            "scheduler.concurrency=adaptive) and fifo (one job at a time, in "
             "arrival order)."
         },
     )

@@ -326,5 +326,10 @@ def test_shipped_tenants_config_sets_fair_shares_and_per_tenant_caps():
         "heavy": 1.0,
         "light-a": 1.0,
         "light-b": 1.0,
-        "light-c": 1.0,
+        "light-c": 2.0,
     }
+    adaptive = bench._service_overrides("fair_adaptive")
+    assert "scheduler.concurrency=adaptive" in adaptive
+    assert "scheduler.train_order=fair" in adaptive
+    assert "scheduler.concurrency=off" in fair
+    assert load_service_config(base, adaptive).scheduler.concurrency == "adaptive"
