@@ -106,6 +106,13 @@ class LoopLoad:
         pool = mine or list(known.values())
         return sum(pool) / len(pool) if pool else self.prior_load
 
+    def cycle_s(self, task: str) -> float | None:
+        """Seconds of one of ``task``'s cycles (away + step), once measured."""
+        c = self._cycles.get(task)
+        if c is None or c.away_s is None or c.train_s is None:
+            return None
+        return c.away_s + c.train_s
+
     def saturation(self) -> float | None:
         """``trainers x (Z + S) / S`` from the mean measured cycle: how many
         average tasks saturate the trainers (None until one cycle is measured)."""

@@ -410,22 +410,30 @@ class ServiceRunner:
         """A job that waits for room in the loop (scheduler.concurrency=adaptive):
         its position among the waiting and an estimated start, the k-th soonest
         estimated finish of the jobs in the loop (each leaving one frees room
-        for about one job). Called on the runtime's dispatcher, which alone
+        for about one job): a job's ETA from its commits, else its steps left x
+        its measured cycle. Called on the runtime's dispatcher, which alone
         changes the core."""
         runtime = self.runtime
         assert runtime is not None and runtime.core.loop is not None
         core, loop = runtime.core, runtime.core.loop
         waiting = core.waiting_for_load()
         position = waiting.index(held.task) + 1 if held.task in waiting else 1
+        now = time.time()
+
+        def eta(h: Admitted) -> float | None:
+            if h.eta is not None:
+                return h.eta
+            cycle, task = loop.cycle_s(h.task), core.tasks.get(h.task)
+            if cycle is None or task is None:
+                return None
+            return now + (task.total_steps - task.steps_done) * cycle
+
         with self._lock:
-            etas = sorted(
-                h.eta
-                for h in self.admitted.values()
-                if h.eta is not None and loop.inside(h.task)
-            )
+            inside = [h for h in self.admitted.values() if loop.inside(h.task)]
+        etas = sorted(x for h in inside if (x := eta(h)) is not None)
         start = etas[position - 1] if len(etas) >= position else None
         when = (
-            f"estimated start in {max(0.0, start - time.time()):.0f} s"
+            f"estimated start in {max(0.0, start - now):.0f} s"
             if start is not None
             else "no estimated start until the running jobs have a pace"
         )

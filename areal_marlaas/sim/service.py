@@ -39,6 +39,7 @@ from areal_marlaas.sim.latency import LatencyModels, RunLog, fit_models
 from areal_marlaas.sim.simulator import SimTask, simulate
 
 FORMAT = 1
+WINDOW_STEPS = 4  # windowed_jain's window, in mean train steps
 
 
 @dataclass(frozen=True)
@@ -244,13 +245,14 @@ def sim_metrics(
     tenant_of = {t.name: t.tenant for t in tasks}
     weights = {t.tenant: t.weight for t in tasks}
     p95 = percentile(ttfs, 95)
+    window = WINDOW_STEPS * (step_s or 1.0)
     return {
         "ttfs_p50_s": percentile(ttfs, 50),
         "ttfs_p95_s": p95,
         "ttfs_p95_in_steps": p95 / step_s if p95 is not None and step_s else None,
         "steps_per_hour": len(r.steps) / (last - t0) * 3600 if last > t0 else None,
         "step_s": step_s,
-        "jain": windowed_jain(r.events, tenant_of, weights, 10 * (step_s or 1.0)),
+        "jain": windowed_jain(r.events, tenant_of, weights, window),
     }
 
 
@@ -357,10 +359,11 @@ def simulate_service(
         run = fit_runs[r["label"]]
         sim = sim_metrics(run_tasks(run, weights), models, POLICIES[r["service"]])
         m = r["metrics"]
+        window = WINDOW_STEPS * (m.get("step_s") or 1.0)
         measured = {
             "ttfs_p95_s": m.get("ttfs_p95_s"),
             "steps_per_hour": m.get("steps_per_hour"),
-            "jain": measured_jain(run, weights, 10 * (m.get("step_s") or 1.0)),
+            "jain": measured_jain(run, weights, window),
         }
         rows.append(
             {

@@ -117,3 +117,39 @@ def test_a_job_waiting_for_room_in_the_loop_gets_its_position_and_start(
         "running": 2,
         "estimated_start": 1_900_000_000.0,
     }
+
+
+def test_a_running_job_without_two_commits_is_timed_by_its_measured_cycle(
+    store, tmp_path, monkeypatch
+):
+    """Before a job has the two commits its ETA needs, its steps left x its
+    measured cycle (rollout + publish + step) stand in."""
+    from areal_marlaas.scheduler.core import (
+        PublishDone,
+        RolloutDone,
+        SchedulerCore,
+        Submitted,
+        TrainDone,
+    )
+
+    monkeypatch.setattr("areal_marlaas.service.runner.time.time", lambda: 1000.0)
+    tenant = new_tenant(store, "acme")
+    jobs = [running_job(store, tenant) for _ in range(3)]
+    runner = runner_holding(store, tmp_path, jobs[0])
+    core = SchedulerCore(concurrency="adaptive")
+    runner.runtime = SimpleNamespace(core=core)  # type: ignore[assignment]
+    for i, job in enumerate(jobs):
+        runner.admitted[job.task_name] = Admitted(
+            job.id, tenant, job.task_name, 4, started=i < 2
+        )
+        core.handle(Submitted(job.task_name, 4))
+    a, b = jobs[0].task_name, jobs[1].task_name
+    core.handle(RolloutDone(a, 0, rollout_s=20.0))
+    core.handle(RolloutDone(b, 0, rollout_s=20.0))
+    core.handle(TrainDone(a, 1, train_s=10.0))
+    core.handle(PublishDone(a, 1, publish_s=0.0))  # a: 3 steps left of 30 s
+
+    runner._on_status(jobs[2].task_name, TaskStatus.HELD, "load")
+
+    event = store.list_events(tenant, jobs[2].id).items[0]
+    assert event.data["estimated_start"] == 1000.0 + 3 * 30.0
