@@ -14,6 +14,13 @@ import pytest
 
 from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.scheduler.backends import TaskStatus
+from areal_marlaas.scheduler.core import (
+    PublishDone,
+    RolloutDone,
+    SchedulerCore,
+    Submitted,
+    TrainDone,
+)
 from areal_marlaas.service.recorder import Admitted
 from areal_marlaas.service.runner import ServiceRunner
 from areal_marlaas.service.store import JobStore
@@ -85,17 +92,13 @@ def test_a_poll_while_a_job_ends_does_not_hand_it_over(
     assert store.job(job.id).status == status.value
 
 
-def test_a_job_waiting_for_room_in_the_loop_gets_its_position_and_start(
-    store, tmp_path
-):
-    """concurrency=adaptive: two jobs fill the loop (each counts as half the
-    trainer before anything is measured), the next two are held ``load``; the
-    first held one's event gives position 1 of 2 and, as its start, the sooner
-    of the running jobs' estimated finishes."""
-    from areal_marlaas.scheduler.core import SchedulerCore, Submitted
-
+def adaptive_runner(
+    store: JobStore, tmp_path, n: int
+) -> tuple[ServiceRunner, SchedulerCore, str, list[Job]]:
+    """A runner holding ``n`` jobs of one tenant on an adaptive core (4 steps
+    each): the first two roll out, the others are held ``load``."""
     tenant = new_tenant(store, "acme")
-    jobs = [running_job(store, tenant) for _ in range(4)]
+    jobs = [running_job(store, tenant) for _ in range(n)]
     runner = runner_holding(store, tmp_path, jobs[0])
     core = SchedulerCore(concurrency="adaptive")
     runner.runtime = SimpleNamespace(core=core)  # type: ignore[assignment]
@@ -104,6 +107,17 @@ def test_a_job_waiting_for_room_in_the_loop_gets_its_position_and_start(
             job.id, tenant, job.task_name, 4, started=i < 2
         )
         core.handle(Submitted(job.task_name, 4))
+    return runner, core, tenant, jobs
+
+
+def test_a_job_waiting_for_room_in_the_loop_gets_its_position_and_start(
+    store, tmp_path
+):
+    """concurrency=adaptive: two jobs fill the loop (each counts as half the
+    trainer before anything is measured), the next two are held ``load``; the
+    first held one's event gives position 1 of 2 and, as its start, the sooner
+    of the running jobs' estimated finishes."""
+    runner, _, tenant, jobs = adaptive_runner(store, tmp_path, 4)
     runner.admitted[jobs[0].task_name].eta = 2_000_000_000.0
     runner.admitted[jobs[1].task_name].eta = 1_900_000_000.0
 
@@ -124,25 +138,8 @@ def test_a_running_job_without_two_commits_is_timed_by_its_measured_cycle(
 ):
     """Before a job has the two commits its ETA needs, its steps left x its
     measured cycle (rollout + publish + step) stand in."""
-    from areal_marlaas.scheduler.core import (
-        PublishDone,
-        RolloutDone,
-        SchedulerCore,
-        Submitted,
-        TrainDone,
-    )
-
     monkeypatch.setattr("areal_marlaas.service.runner.time.time", lambda: 1000.0)
-    tenant = new_tenant(store, "acme")
-    jobs = [running_job(store, tenant) for _ in range(3)]
-    runner = runner_holding(store, tmp_path, jobs[0])
-    core = SchedulerCore(concurrency="adaptive")
-    runner.runtime = SimpleNamespace(core=core)  # type: ignore[assignment]
-    for i, job in enumerate(jobs):
-        runner.admitted[job.task_name] = Admitted(
-            job.id, tenant, job.task_name, 4, started=i < 2
-        )
-        core.handle(Submitted(job.task_name, 4))
+    runner, core, tenant, jobs = adaptive_runner(store, tmp_path, 3)
     a, b = jobs[0].task_name, jobs[1].task_name
     core.handle(RolloutDone(a, 0, rollout_s=20.0))
     core.handle(RolloutDone(b, 0, rollout_s=20.0))
