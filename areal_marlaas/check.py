@@ -19,6 +19,7 @@ from areal_marlaas.admission import KVModel
 from areal_marlaas.config import ConfigError, MARLaaSConfig, TaskSpec
 from areal_marlaas.scheduler.core import (
     AdmissionError,
+    Concurrency,
     HoldRollout,
     Mode,
     SchedulerCore,
@@ -89,6 +90,9 @@ def admission_plan(cfg: MARLaaSConfig, reports: list[TaskReport]) -> AdmissionPl
         mode=Mode(cfg.scheduler.mode),
         kv_budget=budget,
         max_rolling=cfg.scheduler.max_rolling,
+        trainers=cfg.scheduler.trainers,
+        concurrency=Concurrency(cfg.scheduler.concurrency),
+        target_load=cfg.scheduler.target_load,
     )
     plan = AdmissionPlan(budget, [], {})
     for i, (task, r) in enumerate(zip(cfg.tasks, reports, strict=True)):

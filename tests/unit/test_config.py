@@ -250,6 +250,20 @@ def test_check_prints_the_admission_plan_for_a_budget(capsys, tmp_path, main_yam
     assert rc == 2 and "tasks.0 ('a')" in out and "could never be admitted" in out
 
 
+def test_check_prints_the_loop_adaptive_concurrency_starts_with(
+    capsys, tmp_path, main_yaml
+):
+    """Nothing measured yet: each task counts as half a trainer, so two of the
+    three tasks start and the third waits for room in the loop."""
+    tasks = write(tmp_path / "t.yaml", {"tasks": [task(n) for n in "abc"]})
+    argv = ["--config", main_yaml, "--tasks", tasks, "scheduler.concurrency=adaptive"]
+
+    rc, out = check(capsys, *argv)
+
+    assert rc == 0 and "first round admits: a, b\n" in out
+    assert "held: c (load)" in out
+
+
 def test_shipped_bench_config_loads(model_path):
     from areal_marlaas.bench.run import load_bench_config
 
