@@ -290,6 +290,8 @@ KEYS = (
     "step_s",
     "ttfs_p95_in_steps",
     "ttfs_p95_in_tpts",
+    "jct_p50_s",
+    "jct_p95_s",
     "window_s",
 )
 
@@ -310,7 +312,7 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
             "failed": len(runs) - len(ok),
         }
         for k in KEYS:
-            row[k] = mean_sd([r["metrics"][k] for r in ok])
+            row[k] = mean_sd([r["metrics"].get(k) for r in ok])
         parts = [r["metrics"].get("ttfs_parts") for r in ok]
         parts = [x for x in parts if x]
         row["ttfs_parts"] = (
@@ -370,8 +372,9 @@ def _ms(v: tuple[float | None, float | None], digits: int = 1) -> str:
 def format_markdown(result: dict[str, Any]) -> str:
     lines = [
         "| service | jobs/min | repeats | TTFS p50 s | TTFS p95 s | TPTS p50 s | "
-        "TPTS p95 s | steps/h | step s | TTFS p95 / step | TTFS p95 / TPTS p50 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "TPTS p95 s | steps/h | step s | TTFS p95 / step | TTFS p95 / TPTS p50 | "
+        "job done p50 s | job done p95 s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result.get("summary") or summarize(result):
         lines.append(

@@ -187,6 +187,7 @@ def run_metrics(
     tpts_p50 = percentile(gaps, 50)
     parts = [ttfs_parts(j) for j in jobs]
     parts = [x for x in parts if x is not None]
+    jct = job_completion_times(jobs)
     return {
         "jobs": len(jobs),
         "succeeded": sum(j["status"] == "succeeded" for j in jobs),
@@ -201,6 +202,8 @@ def run_metrics(
         "step_s": step_s,
         "ttfs_p95_in_steps": ttfs_p95 / step_s if ttfs_p95 and step_s else None,
         "ttfs_p95_in_tpts": ttfs_p95 / tpts_p50 if ttfs_p95 and tpts_p50 else None,
+        "jct_p50_s": percentile(jct, 50),
+        "jct_p95_s": percentile(jct, 95),
         "ttfs_by_arrival": ttfs,
         "ttfs_parts": {k: statistics.fmean(x[k] for x in parts) for k in TTFS_PARTS}
         if parts
@@ -209,6 +212,16 @@ def run_metrics(
 
 
 TTFS_PARTS = ("waiting_s", "first_batch_s", "queue_s", "train_s")
+
+
+def job_completion_times(jobs: list[dict[str, Any]]) -> list[float]:
+    """Each job's creation -> last committed step (its first commit minus its
+    TTFS is its creation), for the jobs with both."""
+    return [
+        j["commits"][-1] - (j["commits"][0] - j["ttfs_s"])
+        for j in jobs
+        if j.get("commits") and j.get("ttfs_s") is not None
+    ]
 
 
 def ttfs_parts(job: dict[str, Any]) -> dict[str, float] | None:

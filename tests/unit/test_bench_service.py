@@ -67,6 +67,9 @@ def test_run_metrics_exact_numbers():
     assert m["ttfs_p95_in_steps"] == pytest.approx(59.0 / (60 / 7))
     assert m["ttfs_p95_in_tpts"] == pytest.approx(59.0 / 15.0)
     assert m["ttfs_by_arrival"] == [20.0, 50.0, 60.0]
+    # Created at 100, 110, 130; done at 150, 170, 220: 50, 60, 90 s.
+    assert m["jct_p50_s"] == 60.0
+    assert m["jct_p95_s"] == pytest.approx(60 + 0.9 * 30)
 
 
 def test_ttfs_parts_sum_to_ttfs_and_average_over_jobs_that_have_them():
