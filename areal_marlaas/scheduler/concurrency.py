@@ -11,7 +11,11 @@ task's time to first step. So a task that has not started since it was
 submitted (or resumed) enters the loop only while the summed load of the tasks
 in it is below ``trainers x target_load``; the others wait, held with reason
 ``load``, in admission order. ``target_load`` > 1 trades a newcomer's wait in
-the training queue for fewer idle trainer gaps.
+the training queue for fewer idle trainer gaps. A task placed on one trainer
+(its state lives there) counts against that trainer alone: it enters while
+that trainer's tasks offer it less than ``target_load``, so a busy trainer
+does not keep an idle one's tasks out, nor an idle one let more onto a busy
+one.
 
 Loads come from measured seconds (``RolloutDone.rollout_s``,
 ``PublishDone.publish_s``, ``TrainDone.train_s``), each task's own as an
@@ -66,6 +70,7 @@ class LoopLoad:
     _cycles: dict[str, _Cycle] = field(default_factory=dict, init=False)
     _tenant_of: dict[str, str] = field(default_factory=dict, init=False)
     _inside: dict[str, float] = field(default_factory=dict, init=False)  # -> load
+    _trainer: dict[str, int | None] = field(default_factory=dict, init=False)
 
     def __post_init__(self):
         if self.trainers < 1:
@@ -89,10 +94,19 @@ class LoopLoad:
         """The summed load the tasks in the loop offer (1.0 = one busy trainer)."""
         return sum(self._inside.values())
 
-    def may_enter(self) -> bool:
-        """Whether one more task may enter: the loop is empty, or its load is
-        still below the target."""
-        return not self._inside or self.load < self.trainers * self.target_load
+    def load_on(self, trainer: int) -> float:
+        """The load the tasks placed on ``trainer`` offer it."""
+        return sum(x for t, x in self._inside.items() if self._trainer[t] == trainer)
+
+    def may_enter(self, trainer: int | None = None) -> bool:
+        """Whether one more task (placed on ``trainer``; None: any) may enter:
+        nothing is in its part of the loop, or that part's load is still
+        below the target."""
+        if trainer is None:
+            load, cap = self.load, self.trainers * self.target_load
+        else:
+            load, cap = self.load_on(trainer), self.target_load
+        return load < cap  # an empty part (load 0) always takes one
 
     def estimate(self, task: str, tenant: str = "") -> float:
         """The load ``task`` offers: its own measurement, else its tenant's
@@ -122,13 +136,15 @@ class LoopLoad:
         return self.trainers * len(loads) / sum(loads)
 
     # -- changes -----------------------------------------------------------------
-    def enter(self, task: str, tenant: str = "") -> None:
+    def enter(self, task: str, tenant: str = "", trainer: int | None = None) -> None:
         self._tenant_of.setdefault(task, tenant)
         self._inside[task] = self.estimate(task, tenant)
+        self._trainer[task] = trainer
 
     def leave(self, task: str) -> None:
         """The task ended, paused, or has no steps left: it offers no load."""
         self._inside.pop(task, None)
+        self._trainer.pop(task, None)
 
     def rolled_out(self, task: str, seconds: float | None) -> None:
         if seconds is not None:

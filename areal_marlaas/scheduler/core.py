@@ -527,7 +527,7 @@ class SchedulerCore:
             task = table.task(key)
             kv_bytes = task.kv_bytes
             new = loop is not None and not loop.inside(task.name)
-            if new and loop is not None and not loop.may_enter():
+            if new and loop is not None and not loop.may_enter(task.trainer):
                 outside.append(key)
                 continue
             if self.max_rolling is not None and rolling >= self.max_rolling:
@@ -541,7 +541,7 @@ class SchedulerCore:
             rolling += 1
             starts.append(key)
             if new and loop is not None:
-                loop.enter(task.name, task.tenant)
+                loop.enter(task.name, task.tenant, task.trainer)
         holds: list[tuple[Key, HoldReason]] = []
         holds += [  # the ones behind a resource hold get its reason below
             (k, HoldReason.LOAD)
