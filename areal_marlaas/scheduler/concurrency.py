@@ -62,15 +62,25 @@ def _ewma(old: float | None, new: float) -> float:
 
 @dataclass
 class LoopLoad:
-    """Which tasks are in the loop and the load they offer the trainers."""
+    """Which tasks are in the loop and the load they offer the trainers. Every
+    query and change is O(1) in the number of tasks (sums kept as loads
+    change), so an admission pass may ask once per waiting task."""
 
     trainers: int = 1
     target_load: float = 1.0  # x trainers: the summed load the loop may reach
     prior_load: float = 0.5  # a task's load before anything was measured
     _cycles: dict[str, _Cycle] = field(default_factory=dict, init=False)
     _tenant_of: dict[str, str] = field(default_factory=dict, init=False)
-    _inside: dict[str, float] = field(default_factory=dict, init=False)  # -> load
+    # Measured loads, and their sums and counts per tenant and over all.
+    _known: dict[str, float] = field(default_factory=dict, init=False)
+    _by_tenant: dict[str, list[float]] = field(default_factory=dict, init=False)
+    _all: list[float] = field(default_factory=lambda: [0.0, 0.0], init=False)
+    # Tasks in the loop: their load and trainer; load and count per trainer
+    # (None: tasks any trainer may take) and over all.
+    _inside: dict[str, float] = field(default_factory=dict, init=False)
     _trainer: dict[str, int | None] = field(default_factory=dict, init=False)
+    _parts: dict[int | None, list[float]] = field(default_factory=dict, init=False)
+    _total: float = field(default=0.0, init=False)
 
     def __post_init__(self):
         if self.trainers < 1:
@@ -92,11 +102,12 @@ class LoopLoad:
     @property
     def load(self) -> float:
         """The summed load the tasks in the loop offer (1.0 = one busy trainer)."""
-        return sum(self._inside.values())
+        return self._total if self._inside else 0.0
 
     def load_on(self, trainer: int) -> float:
         """The load the tasks placed on ``trainer`` offer it."""
-        return sum(x for t, x in self._inside.items() if self._trainer[t] == trainer)
+        part = self._parts.get(trainer)
+        return part[0] if part else 0.0
 
     def may_enter(self, trainer: int | None = None) -> bool:
         """Whether one more task (placed on ``trainer``; None: any) may enter:
@@ -111,14 +122,12 @@ class LoopLoad:
     def estimate(self, task: str, tenant: str = "") -> float:
         """The load ``task`` offers: its own measurement, else its tenant's
         mean, else the mean of all, else the prior."""
-        own = self._cycles.get(task)
-        if own is not None and (x := own.load()) is not None:
-            return x
-        loads = {t: c.load() for t, c in self._cycles.items()}
-        known = {t: x for t, x in loads.items() if x is not None}
-        mine = [x for t, x in known.items() if tenant and self._tenant_of[t] == tenant]
-        pool = mine or list(known.values())
-        return sum(pool) / len(pool) if pool else self.prior_load
+        if task in self._known:
+            return self._known[task]
+        for total, n in (self._by_tenant.get(tenant, (0.0, 0.0)), self._all):
+            if n:
+                return total / n
+        return self.prior_load
 
     def cycle_s(self, task: str) -> float | None:
         """Seconds of one of ``task``'s cycles (away + step), once measured."""
@@ -130,21 +139,40 @@ class LoopLoad:
     def saturation(self) -> float | None:
         """``trainers x (Z + S) / S`` from the mean measured cycle: how many
         average tasks saturate the trainers (None until one cycle is measured)."""
-        loads = [x for c in self._cycles.values() if (x := c.load()) is not None]
-        if not loads:
-            return None
-        return self.trainers * len(loads) / sum(loads)
+        total, n = self._all
+        return self.trainers * n / total if n and total else None
 
     # -- changes -----------------------------------------------------------------
     def enter(self, task: str, tenant: str = "", trainer: int | None = None) -> None:
+        if task in self._inside:
+            return
         self._tenant_of.setdefault(task, tenant)
-        self._inside[task] = self.estimate(task, tenant)
         self._trainer[task] = trainer
+        self._set_inside(task, self.estimate(task, tenant))
 
     def leave(self, task: str) -> None:
         """The task ended, paused, or has no steps left: it offers no load."""
-        self._inside.pop(task, None)
-        self._trainer.pop(task, None)
+        if task not in self._inside:
+            return
+        x = self._inside.pop(task)
+        part = self._parts[self._trainer.pop(task)]
+        part[0] -= x
+        part[1] -= 1
+        self._total -= x
+        if not part[1]:  # no drift left behind in an empty part
+            part[0] = 0.0
+        if not self._inside:
+            self._total = 0.0
+
+    def _set_inside(self, task: str, x: float) -> None:
+        old = self._inside.get(task)
+        part = self._parts.setdefault(self._trainer[task], [0.0, 0])
+        if old is None:
+            part[1] += 1
+            old = 0.0
+        self._inside[task] = x
+        part[0] += x - old
+        self._total += x - old
 
     def rolled_out(self, task: str, seconds: float | None) -> None:
         if seconds is not None:
@@ -167,7 +195,17 @@ class LoopLoad:
         self._update(task)
 
     def _update(self, task: str) -> None:
+        x = self._cycles[task].load()
+        if x is None:
+            return
+        old = self._known.get(task)
+        tenant = self._tenant_of.get(task, "")
+        sums = [self._all]
+        if tenant:
+            sums.append(self._by_tenant.setdefault(tenant, [0.0, 0.0]))
+        for acc in sums:
+            acc[0] += x - (old or 0.0)
+            acc[1] += old is None
+        self._known[task] = x
         if task in self._inside:
-            x = self._cycles[task].load()
-            if x is not None:
-                self._inside[task] = x
+            self._set_inside(task, x)
