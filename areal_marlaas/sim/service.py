@@ -232,6 +232,7 @@ def sim_metrics(
         rollout_devices=rollout_devices,
         train_order=policy.train_order,
         concurrency=policy.concurrency,
+        paired=trainers == rollout_devices,
     )
     created = {t.name: t.arrival_s for t in tasks}
     first: dict[str, float] = {}

@@ -9,8 +9,11 @@ them); while both run,
 train steps and generation slow by their contention factors; publish is a fixed
 delay, and a task's env (tool-call) time a fixed delay after its batch's
 generation, off the server. A task is submitted at its ``arrival_s`` (0: at the
-start), as jobs reach the service. The simulator writes the same phase records
-and step records a real run does, so the bench's metrics apply to it unchanged.
+start), as jobs reach the service. ``paired`` (as many devices as trainers):
+each trainer and one device are one machine, a task's batches go to its
+trainer's device, and the contention slows only the pair. The simulator
+writes the same phase records and step records a real run does, so the bench's
+metrics apply to it unchanged.
 """
 
 from __future__ import annotations
@@ -138,8 +141,14 @@ def simulate(
     train_order: TrainOrder = TrainOrder.FIFO,
     concurrency: Concurrency = Concurrency.OFF,
     target_load: float = 1.0,
+    paired: bool = False,
 ) -> SimResult:
     """Run ``tasks`` to completion under ``mode``; times start at 0."""
+    if paired and rollout_devices != trainers:
+        raise ValueError(
+            f"paired machines need as many rollout devices as trainers, got "
+            f"{rollout_devices} and {trainers}"
+        )
     core = SchedulerCore(
         mode=mode,
         kv_budget=kv_budget,
@@ -162,7 +171,9 @@ def simulate(
     publish_start: dict[str, float] = {}
     version: dict[str, int] = {}
     ready_at: dict[str, float] = {t.name: t.arrival_s for t in tasks}
-    training: dict[str, list] = {}  # task -> [alone-seconds left, its new version]
+    # task -> [alone-seconds left, its new version, its trainer]
+    training: dict[str, list] = {}
+    placement: dict[str, int] = {}  # task -> its trainer
 
     def timer(at: float, kind: str, task: str, v: int) -> None:
         heapq.heappush(timers, (at, next(order), kind, task, v))
@@ -185,7 +196,8 @@ def simulate(
                 train_start[a.task] = now
                 event(a.task, a.version, "queue", rollout_end[a.task], now)
                 s = spec[a.task]
-                training[a.task] = [models.train_s(s.seqs, s.fitted), a.version + 1]
+                work = models.train_s(s.seqs, s.fitted)
+                training[a.task] = [work, a.version + 1, a.trainer]
             elif isinstance(a, StartPublish):
                 publish_start[a.task] = now
                 timer(now + models.publish_s, "published", a.task, a.version)
@@ -200,12 +212,13 @@ def simulate(
     def submit(t: SimTask) -> None:
         # Placed as marlaas train places them (train.pool.TrainerPool): on the
         # trainer holding the fewest tasks, i.e. round robin in submission order.
+        placement[t.name] = next(placed) % trainers
         submitted = Submitted(
             t.name,
             t.steps,
             kv_bytes=t.kv_bytes,
             priority=t.priority,
-            trainer=next(placed) % trainers,
+            trainer=placement[t.name],
             tenant=t.tenant,
             weight=t.weight,
         )
@@ -233,23 +246,39 @@ def simulate(
     slow_train = 1 / (1 + models.train_contention)
     slow_gen = 1 / (1 + models.rollout.contention)
     while unfinished > 0:
-        train_speed = slow_train if any(d.seqs for d in devices) else 1.0
-        gen_speed = slow_gen if training else 1.0
+        # Contention: one machine (every device and trainer share it), or, paired,
+        # trainer i and device i.
+        if paired:
+            busy = {job[2] for job in training.values()}
+            gen = [slow_gen if i in busy else 1.0 for i in range(len(devices))]
+            speed = {
+                t: slow_train if devices[job[2]].seqs else 1.0
+                for t, job in training.items()
+            }
+        else:
+            gen = [slow_gen if training else 1.0] * len(devices)
+            one = slow_train if any(d.seqs for d in devices) else 1.0
+            speed = dict.fromkeys(training, one)
         t_timer = timers[0][0] if timers else float("inf")
-        dt_dev = min((d.next_done(gen_speed) for d in devices), default=float("inf"))
-        dt_train = min((w for w, _ in training.values()), default=float("inf"))
-        t_next = min(t_timer, now + dt_dev, now + dt_train / train_speed)
+        dt_dev = min(
+            (d.next_done(g) for d, g in zip(devices, gen, strict=True)),
+            default=float("inf"),
+        )
+        dt_train = min(
+            (j[0] / speed[t] for t, j in training.items()), default=float("inf")
+        )
+        t_next = min(t_timer, now + dt_dev, now + dt_train)
         if t_next == float("inf"):
             raise RuntimeError(
                 "simulation stalled: nothing in flight but tasks unfinished "
                 f"({ {n: s.phase.value for n, s in core.tasks.items()} })"
             )
-        for d in devices:
-            d.advance(t_next - now, gen_speed)
-        for job in training.values():
-            job[0] -= (t_next - now) * train_speed
+        for d, g in zip(devices, gen, strict=True):
+            d.advance(t_next - now, g)
+        for t, job in training.items():
+            job[0] -= (t_next - now) * speed[t]
         now = t_next
-        for task in [t for t, (w, _) in training.items() if w <= EPS]:
+        for task in [t for t, job in training.items() if job[0] <= EPS]:
             trained(task, training.pop(task)[1])
         for d in devices:
             for task in d.pop_done():
@@ -263,7 +292,10 @@ def simulate(
             if kind == "arrive":
                 submit(spec[task])
             elif kind == "serve":
-                dev = min(devices, key=lambda d: d.seqs)
+                if paired:
+                    dev = devices[placement[task]]
+                else:
+                    dev = min(devices, key=lambda d: d.seqs)
                 s = spec[task]
                 dev.add(
                     task, s.seqs, models.rollout.work_of(s.max_new_tokens, s.fitted)

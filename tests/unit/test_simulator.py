@@ -420,6 +420,31 @@ def test_a_train_step_slows_while_sequences_generate():
     assert trains == pytest.approx({"a": 7.0, "b": 11.0})
 
 
+def test_paired_machines_slow_only_their_own_pair():
+    """The same two tasks on two machines (a on trainer and device 0, b on 1):
+    a's step no longer shares a machine with b's generation, so it takes its
+    3 s; b's step, with nothing generating beside it, too."""
+    m = fixed()
+    m.rollout.ref_max_new_tokens = 32
+    m.train_contention = 1.0
+    m.rollout.contention = 1.0
+    tasks = [SimTask("a", 1, 4, 32), SimTask("b", 1, 4, 64)]
+    r = simulate(tasks, m, "async", rollout_devices=2, trainers=2, paired=True)
+    spans = {
+        (e["task"], e["phase"]): (e["start"], e["end"])
+        for e in r.events
+        if e["phase"] in ("rollout", "train")
+    }
+    assert spans == {
+        ("a", "rollout"): pytest.approx((0.0, 4.0)),
+        ("a", "train"): pytest.approx((4.0, 7.0)),
+        ("b", "rollout"): pytest.approx((0.0, 8.0)),
+        ("b", "train"): pytest.approx((8.0, 11.0)),
+    }
+    with pytest.raises(ValueError, match="as many rollout devices as trainers"):
+        simulate(tasks, m, "async", rollout_devices=1, trainers=2, paired=True)
+
+
 def test_generation_slows_while_a_step_trains():
     """rollout.contention 1: sequences generate at half speed while a step
     trains. a (4 s) trains from 4 to 7 s; b (8 s of work) did 4 s of it by 4 s,
