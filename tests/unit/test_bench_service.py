@@ -336,3 +336,16 @@ def test_shipped_tenants_config_sets_fair_shares_and_per_tenant_caps():
     assert "scheduler.train_order=fair" in adaptive
     assert "scheduler.concurrency=off" in fair
     assert load_service_config(base, adaptive).scheduler.concurrency == "adaptive"
+
+
+def test_shipped_weights_config_runs_two_weighted_tenants_under_fair():
+    from areal_marlaas.bench.service_bench import ServiceBench, load_service_bench
+    from tests.conftest import REPO
+
+    cfg, base, overrides = load_service_bench(
+        ["--config", str(REPO / "configs" / "bench_service_weights.yaml")]
+    )
+    bench = ServiceBench(cfg, base, overrides)
+    assert cfg.load.services == ["fair"]
+    assert bench._weights() == {"w1": 1.0, "w2": 2.0}
+    assert "scheduler.train_order=fair" in bench._service_overrides("fair")
