@@ -420,6 +420,15 @@ def test_a_train_step_slows_while_sequences_generate():
     assert trains == pytest.approx({"a": 7.0, "b": 11.0})
 
 
+def spans(r) -> dict[tuple[str, str], tuple[float, float]]:
+    """(task, phase) -> (start, end) of a run's rollouts and train steps."""
+    return {
+        (e["task"], e["phase"]): (e["start"], e["end"])
+        for e in r.events
+        if e["phase"] in ("rollout", "train")
+    }
+
+
 def test_paired_machines_slow_only_their_own_pair():
     """The same two tasks on two machines (a on trainer and device 0, b on 1):
     a's step no longer shares a machine with b's generation, so it takes its
@@ -430,12 +439,7 @@ def test_paired_machines_slow_only_their_own_pair():
     m.rollout.contention = 1.0
     tasks = [SimTask("a", 1, 4, 32), SimTask("b", 1, 4, 64)]
     r = simulate(tasks, m, "async", rollout_devices=2, trainers=2, paired=True)
-    spans = {
-        (e["task"], e["phase"]): (e["start"], e["end"])
-        for e in r.events
-        if e["phase"] in ("rollout", "train")
-    }
-    assert spans == {
+    assert spans(r) == {
         ("a", "rollout"): pytest.approx((0.0, 4.0)),
         ("a", "train"): pytest.approx((4.0, 7.0)),
         ("b", "rollout"): pytest.approx((0.0, 8.0)),
@@ -454,12 +458,7 @@ def test_generation_slows_while_a_step_trains():
     m.rollout.contention = 1.0
     tasks = [SimTask("a", 1, 4, 32), SimTask("b", 1, 4, 64)]
     r = simulate(tasks, m, "async")
-    spans = {
-        (e["task"], e["phase"]): (e["start"], e["end"])
-        for e in r.events
-        if e["phase"] in ("rollout", "train")
-    }
-    assert spans == {
+    assert spans(r) == {
         ("a", "rollout"): pytest.approx((0.0, 4.0)),
         ("a", "train"): pytest.approx((4.0, 7.0)),
         ("b", "rollout"): pytest.approx((0.0, 9.5)),
