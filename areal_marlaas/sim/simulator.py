@@ -171,8 +171,7 @@ def simulate(
     publish_start: dict[str, float] = {}
     version: dict[str, int] = {}
     ready_at: dict[str, float] = {t.name: t.arrival_s for t in tasks}
-    # task -> [alone-seconds left, its new version, its trainer]
-    training: dict[str, list] = {}
+    training: dict[str, list] = {}  # task -> [alone-seconds left, its new version]
     placement: dict[str, int] = {}  # task -> its trainer
 
     def timer(at: float, kind: str, task: str, v: int) -> None:
@@ -196,8 +195,7 @@ def simulate(
                 train_start[a.task] = now
                 event(a.task, a.version, "queue", rollout_end[a.task], now)
                 s = spec[a.task]
-                work = models.train_s(s.seqs, s.fitted)
-                training[a.task] = [work, a.version + 1, a.trainer]
+                training[a.task] = [models.train_s(s.seqs, s.fitted), a.version + 1]
             elif isinstance(a, StartPublish):
                 publish_start[a.task] = now
                 timer(now + models.publish_s, "published", a.task, a.version)
@@ -249,11 +247,10 @@ def simulate(
         # Contention: one machine (every device and trainer share it), or, paired,
         # trainer i and device i.
         if paired:
-            busy = {job[2] for job in training.values()}
+            busy = {placement[t] for t in training}
             gen = [slow_gen if i in busy else 1.0 for i in range(len(devices))]
             speed = {
-                t: slow_train if devices[job[2]].seqs else 1.0
-                for t, job in training.items()
+                t: slow_train if devices[placement[t]].seqs else 1.0 for t in training
             }
         else:
             gen = [slow_gen if training else 1.0] * len(devices)
