@@ -55,15 +55,12 @@ def overlap(x: Interval, window: list[Interval]) -> float:
     return sum(max(0.0, min(x[1], b) - max(x[0], a)) for a, b in window)
 
 
-def fairness(
-    events: Iterable[Mapping[str, Any]],
-    tenant_of: Mapping[str, str],
-    weights: Mapping[str, float] | None = None,
-) -> dict[str, Any]:
-    """Weighted trainer shares over the all-backlogged window. ``tenant_of``
-    maps a task to its tenant (tasks not in it are left out); ``weights`` a
-    tenant to its weight (default 1)."""
-    weights = weights or {}
+def tenant_intervals(
+    events: Iterable[Mapping[str, Any]], tenant_of: Mapping[str, str]
+) -> tuple[dict[str, list[Interval]], dict[str, list[Interval]]]:
+    """Per tenant, its backlogged intervals (a batch queued or training) and its
+    training intervals, from interval events; tasks not in ``tenant_of`` are
+    left out."""
     backlog: dict[str, list[Interval]] = {}
     train: dict[str, list[Interval]] = {}
     for e in events:
@@ -74,6 +71,19 @@ def fairness(
         backlog.setdefault(tenant, []).append(span)
         if e["phase"] == "train":
             train.setdefault(tenant, []).append(span)
+    return backlog, train
+
+
+def fairness(
+    events: Iterable[Mapping[str, Any]],
+    tenant_of: Mapping[str, str],
+    weights: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """Weighted trainer shares over the all-backlogged window. ``tenant_of``
+    maps a task to its tenant (tasks not in it are left out); ``weights`` a
+    tenant to its weight (default 1)."""
+    weights = weights or {}
+    backlog, train = tenant_intervals(events, tenant_of)
     tenants = sorted(set(tenant_of.values()))
     window: list[Interval] | None = None
     for t in tenants:

@@ -82,7 +82,8 @@ def build_fit_input(result: dict[str, Any], root: str | Path) -> dict[str, Any]:
 
 
 def dumps(data: dict[str, Any]) -> str:
-    """One event per line: small, and a re-run's diff reads by record."""
+    """One event per line: small, and a re-run's diff reads by record. A run's
+    other entries (``seqs``, and what a caller adds) take a line each."""
     head = {"format": data["format"], "fields": data["fields"]}
     lines = ["{" + json.dumps(head)[1:-1] + ",", ' "runs": {']
     labels = list(data["runs"])
@@ -91,7 +92,11 @@ def dumps(data: dict[str, Any]) -> str:
         rows = [f"   {json.dumps(e)}" for e in run["events"]]
         lines += [
             f"  {json.dumps(label)}: {{",
-            f'   "seqs": {json.dumps(run["seqs"])},',
+            *(
+                f"   {json.dumps(key)}: {json.dumps(value)},"
+                for key, value in run.items()
+                if key != "events"
+            ),
             '   "events": [',
             ",\n".join(rows),
             "   ]",

@@ -27,14 +27,14 @@ import random
 import statistics
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from areal_marlaas.bench.fairness import jain, overlap, union
+from areal_marlaas.bench.fairness import jain, overlap, tenant_intervals, union
 from areal_marlaas.bench.run_metrics import percentile
 from areal_marlaas.rundir.reader import phase_records
 from areal_marlaas.scheduler.core import Concurrency, TrainOrder
-from areal_marlaas.sim.fit_input import FIELDS, fit_events, task_seqs
+from areal_marlaas.sim.fit_input import FIELDS, dumps, fit_events, task_seqs
 from areal_marlaas.sim.latency import LatencyModels, RunLog, fit_models
 from areal_marlaas.sim.simulator import SimTask, simulate
 
@@ -99,22 +99,8 @@ def service_fit_run(
 
 
 def dump_service_fit(runs: Mapping[str, Any]) -> str:
-    """``fit_input.json``: one event per line (small; a re-run diffs by record)."""
-    head = json.dumps({"format": FORMAT, "fields": list(FIELDS)})[:-1]
-    out = [head + ', "runs": {']
-    labels = list(runs)
-    for i, label in enumerate(labels):
-        run = runs[label]
-        out.append(f" {json.dumps(label)}: {{")
-        out.append(f'  "seqs": {json.dumps(run["seqs"])},')
-        out.append(f'  "jobs": {json.dumps(run["jobs"])},')
-        out.append(f'  "queue": {json.dumps(run["queue"])},')
-        out.append('  "events": [')
-        out.append(",\n".join(f"   {json.dumps(e)}" for e in run["events"]))
-        out.append("  ]")
-        out.append(" }" + ("," if i < len(labels) - 1 else ""))
-    out.append("}}")
-    return "\n".join(line for line in out if line) + "\n"
+    """``fit_input.json`` (``sim.fit_input.dumps``: one event per line)."""
+    return dumps({"format": FORMAT, "fields": list(FIELDS), "runs": dict(runs)})
 
 
 def load_service_fit(text: str) -> dict[str, dict[str, Any]]:
@@ -177,18 +163,8 @@ def windowed_jain(
 ) -> float | None:
     """Mean over windows of Jain's index of the weighted trainer-seconds of the
     tenants backlogged (a batch queued or training) for the whole window."""
-    backlog: dict[str, list[tuple[float, float]]] = {}
-    train: dict[str, list[tuple[float, float]]] = {}
-    end = 0.0
-    for e in events:
-        tenant = tenant_of.get(str(e.get("task")))
-        if tenant is None or e.get("phase") not in ("queue", "train"):
-            continue
-        span = (float(e["start"]), float(e["end"]))
-        end = max(end, span[1])
-        backlog.setdefault(tenant, []).append(span)
-        if e["phase"] == "train":
-            train.setdefault(tenant, []).append(span)
+    backlog, train = tenant_intervals(events, tenant_of)
+    end = max((b for spans in backlog.values() for _, b in spans), default=0.0)
     covered = {t: union(spans) for t, spans in backlog.items()}
     values = []
     start = 0.0
@@ -221,10 +197,7 @@ def sim_metrics(
     """Simulate ``tasks`` (arrival_s: when the job was created) under
     ``policy``: TTFS p50/p95 from creation, steps/h from the first arrival to
     the last commit, mean step, and the windowed Jain index."""
-    delayed = [
-        SimTask(**{**t.__dict__, "arrival_s": t.arrival_s + models.setup_s})
-        for t in tasks
-    ]
+    delayed = [replace(t, arrival_s=t.arrival_s + models.setup_s) for t in tasks]
     r = simulate(
         delayed,
         models.latency,
@@ -234,15 +207,12 @@ def sim_metrics(
         concurrency=policy.concurrency,
         paired=trainers == rollout_devices,
     )
-    created = {t.name: t.arrival_s for t in tasks}
-    first: dict[str, float] = {}
-    for s in r.steps:
-        first[s["task"]] = min(first.get(s["task"], s["t_commit"]), s["t_commit"])
-    ttfs = [first[t] - created[t] for t in first]
+    # From creation: the simulated submission came the set-up later.
+    ttfs = [x + models.setup_s for x in r.ttfs().values()]
     trains = [e["end"] - e["start"] for e in r.events if e["phase"] == "train"]
     step_s = statistics.fmean(trains) if trains else None
     last = max(s["t_commit"] for s in r.steps)
-    t0 = min(created.values())
+    t0 = min(t.arrival_s for t in tasks)
     tenant_of = {t.name: t.tenant for t in tasks}
     weights = {t.tenant: t.weight for t in tasks}
     p95 = percentile(ttfs, 95)
