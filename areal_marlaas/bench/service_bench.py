@@ -82,9 +82,12 @@ class ServiceBench:
         plan = job_plan(self.load, self.load.seed)
         total = len(plan)
         per_tenant = max(Counter(p.tenant for p in plan).values())
-        order = {"async_first": "first_steps", "fair": "fair"}.get(service, "fifo")
-        fair = service in ("fair", "fair_adaptive")
-        order = "fair" if fair else order
+        order = {
+            "async_first": "first_steps",
+            "fair": "fair",
+            "fair_adaptive": "fair",
+        }.get(service, "fifo")
+        fair = order == "fair"
         adaptive = "adaptive" if service == "fair_adaptive" else "off"
         svc = self.cfg.service
         held = 1 if service == "fifo" and self.load.tenants else total
@@ -208,10 +211,10 @@ class ServiceBench:
         events = read_jsonl(run_dir / "events.jsonl")
         if self.load.tenants:
             metrics.update(tenant_metrics(jobs, phase_records(events), self._weights()))
-        self._fit_run = service_fit_run(
+        fit = service_fit_run(
             events, read_jsonl(run_dir / "steps.jsonl"), jobs, offsets, first_arrival
         )
-        return {"arrivals_s": offsets, "jobs": jobs, "metrics": metrics}
+        return {"arrivals_s": offsets, "jobs": jobs, "metrics": metrics, "fit": fit}
 
     def _one_service(self, service: str, repeat: int) -> None:
         root = self.work / f"{service}.r{repeat}"
@@ -242,8 +245,9 @@ class ServiceBench:
                 run["repeat"] = repeat
                 run["startup_s"] = startup
                 try:
-                    run.update(self._one_rate(proc, clients, files, rate, seed))
-                    self.fit_runs[label] = self._fit_run
+                    measured = self._one_rate(proc, clients, files, rate, seed)
+                    self.fit_runs[label] = measured.pop("fit")
+                    run.update(measured)
                     run["status"] = "ok"
                     m = run["metrics"]
                     if m["succeeded"] != m["jobs"]:
