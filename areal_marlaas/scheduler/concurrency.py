@@ -102,7 +102,7 @@ class LoopLoad:
     @property
     def load(self) -> float:
         """The summed load the tasks in the loop offer (1.0 = one busy trainer)."""
-        return self._total if self._inside else 0.0
+        return self._total  # reset to 0 when the last task leaves
 
     def load_on(self, trainer: int) -> float:
         """The load the tasks placed on ``trainer`` offer it."""
