@@ -17,6 +17,7 @@ from areal.api.cli_args import (
     EvaluatorConfig,
     GRPOConfig,
     InferenceEngineConfig,
+    MicroBatchSpec,
     OptimizerConfig,
     PPOActorConfig,
     RecoverConfig,
@@ -56,6 +57,10 @@ _ACTOR_DEFAULTS: dict[str, Any] = dict(
     ppo_n_minibatches=1,
     use_decoupled_loss=False,
     kl_ctl=0.0,
+    # A step's memory grows with its tokens (the logits alone are tokens x vocab
+    # floats): a tenant's batch of 160 completions took 16 GiB in one pass. Capped
+    # passes keep a large batch from taking the shared trainer down.
+    mb_spec=MicroBatchSpec(max_tokens_per_mb=2048),
     # Per-task lr comes from tasks[i].lr; the rest of AdamW's settings from here.
     optimizer=OptimizerConfig(lr=1e-4, weight_decay=0.0, gradient_clipping=1.0),
 )
@@ -351,6 +356,14 @@ class MARLaaSConfig(GRPOConfig):
 
     def _check_lengths(self) -> None:
         limit = self.vllm.max_model_len
+        per_mb = self.actor.mb_spec.max_tokens_per_mb
+        if per_mb is not None and (limit is None or limit > per_mb):
+            raise ConfigError(
+                f"actor.mb_spec.max_tokens_per_mb={per_mb} is below "
+                f"vllm.max_model_len={limit or 'unset (the model length)'}: a "
+                "sequence of that length fits no micro-batch; raise actor.mb_spec.max_tokens_per_mb or lower "
+                "vllm.max_model_len."
+            )
         for i, task in enumerate(self.tasks):
             need = task.max_prompt_tokens + task.max_new_tokens
             if limit is not None and need > limit:

@@ -205,6 +205,7 @@ def test_corrupt_tasks_yaml_is_a_clear_error(main_yaml, tmp_path):
         ("server.cpu_affinity=3-1", "server.cpu_affinity"),
         ("scheduler.rollout_order=vtc", "scheduler.rollout_order"),
         ("vllm.scheduling_policy=lifo", "vllm.scheduling_policy"),
+        ("actor.mb_spec.max_tokens_per_mb=512", "actor.mb_spec.max_tokens_per_mb"),
     ],
 )
 def test_bad_scheduler_setting_names_the_field(main_yaml, tmp_path, override, field):
