@@ -361,8 +361,8 @@ class MARLaaSConfig(GRPOConfig):
             raise ConfigError(
                 f"actor.mb_spec.max_tokens_per_mb={per_mb} is below "
                 f"vllm.max_model_len={limit or 'unset (the model length)'}: a "
-                "sequence of that length fits no micro-batch; raise actor.mb_spec.max_tokens_per_mb or lower "
-                "vllm.max_model_len."
+                "sequence of that length fits no micro-batch; raise "
+                "actor.mb_spec.max_tokens_per_mb or lower vllm.max_model_len."
             )
         for i, task in enumerate(self.tasks):
             need = task.max_prompt_tokens + task.max_new_tokens
