@@ -245,7 +245,7 @@ def test_two_trainer_workers_under_ray(tmp_path, vllm_server, monkeypatch):
 
 
 def test_job_service_with_its_trainer_under_ray(tmp_path, ray_head, monkeypatch):
-    from .test_service_e2e import (
+    from tests.service_live import (
         BASE,
         STRING_CHECK,
         LiveService,
