@@ -23,6 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import areal_marlaas
 from areal_marlaas.cluster.resources import GIB, check_placeable, demands, describe
+from areal_marlaas.config.cluster import AdapterTransport
 from areal_marlaas.errors import ConfigError
 from areal_marlaas.paths import vllm_python
 from areal_marlaas.rollout.server import advertised_host, is_loopback
@@ -31,6 +32,7 @@ logger = logging.getLogger("MARLaaSRay")
 
 # Role -> its scheduling-spec field, for messages.
 SPEC_FIELDS = {"actor": "actor.scheduling_spec", "rollout": "rollout.scheduling_spec"}
+RUN_DIR = "cluster.fileroot (the run directory)"
 
 
 def connect(address: str, log_to_driver: bool = False) -> bool:
@@ -65,7 +67,7 @@ def device_type() -> str:
 def node_checks(cfg, token_file: Path, token: str) -> list[tuple[str, str, str]]:
     """(field, path, kind) the workers need at the driver's paths on every node."""
     checks = [
-        ("cluster.fileroot (the run directory)", str(token_file), f"token:{token}"),
+        (RUN_DIR, str(token_file), f"token:{token}"),
         ("actor.path", cfg.actor.path, "model"),
         ("tokenizer_path", cfg.tokenizer_path, "dir"),
         ("the driver's python (workers run it)", sys.executable, "file"),
@@ -81,9 +83,9 @@ def node_checks(cfg, token_file: Path, token: str) -> list[tuple[str, str, str]]
     return checks
 
 
-def _probe(checks: list[tuple[str, str, str]]) -> list[str]:
-    """Runs on one node: what is missing there. Self-contained (stdlib only)
-    so it runs on a node that lacks areal_marlaas."""
+def _probe(checks: list[tuple[str, str, str]]) -> list[tuple[str, str]]:
+    """Runs on one node: what is missing there, as (check, message).
+    Self-contained (stdlib only) so it runs on a node that lacks areal_marlaas."""
     import os
 
     problems = []
@@ -96,24 +98,35 @@ def _probe(checks: list[tuple[str, str, str]]) -> list[str]:
                 same = False
             if not same:
                 problems.append(
-                    f"{name}: {os.path.dirname(path)} is not the driver's (no shared "
-                    "filesystem at this path?)"
+                    (
+                        name,
+                        f"{name}: {os.path.dirname(path)} is not the driver's (no "
+                        "shared filesystem at this path?)",
+                    )
                 )
         elif kind == "model":
             if not os.path.isfile(os.path.join(path, "config.json")):
                 problems.append(
-                    f"{name}: {path} is not a model folder (no config.json)"
+                    (name, f"{name}: {path} is not a model folder (no config.json)")
                 )
         elif (kind == "dir" and not os.path.isdir(path)) or (
             kind == "file" and not os.path.isfile(path)
         ):
-            problems.append(f"{name}: {path} does not exist")
+            problems.append((name, f"{name}: {path} does not exist"))
     return problems
 
 
-def check_nodes(cfg, run_dir: Path, nodes: list[dict[str, Any]], timeout: float):
+def _where(n: dict[str, Any]) -> str:
+    return f"node {n['NodeManagerAddress']} ({n['NodeID'][:8]})"
+
+
+def check_nodes(
+    cfg, run_dir: Path, nodes: list[dict[str, Any]], timeout: float
+) -> dict[str, str]:
     """One zero-CPU task per node (so it runs even on a full node) checks that
-    what the workers need is there; raise naming the node and the path."""
+    what the workers need is there; raise naming the node and the path. Returns
+    the nodes (ID -> where) that lack only the shared run directory, which
+    ``resolve_transport`` judges."""
     token = uuid.uuid4().hex
     token_file = run_dir / f".marlaas-node-check-{token[:8]}"
     token_file.write_text(token)
@@ -130,26 +143,57 @@ def check_nodes(cfg, run_dir: Path, nodes: list[dict[str, Any]], timeout: float)
         }
         ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
         problems: list[str] = []
+        unshared: dict[str, str] = {}
         for ref in pending:
             n = refs[ref]
             problems.append(
-                f"node {n['NodeManagerAddress']} ({n['NodeID'][:8]}) did not run the "
-                f"check within scheduler.startup_timeout_s={timeout:g}s"
+                f"{_where(n)} did not run the check within "
+                f"scheduler.startup_timeout_s={timeout:g}s"
             )
         for ref in ready:
             n = refs[ref]
-            where = f"node {n['NodeManagerAddress']} ({n['NodeID'][:8]})"
-            problems += [f"{where}: {p}" for p in ray.get(ref)]
+            for check, message in ray.get(ref):
+                if check == RUN_DIR:
+                    unshared[n["NodeID"]] = _where(n)
+                else:
+                    problems.append(f"{_where(n)}: {message}")
     finally:
         token_file.unlink(missing_ok=True)
     if problems:
         raise ConfigError(
-            "Ray workers may start on any node, and there they need the run "
-            "directory on a shared filesystem and the model, venvs and code at the "
-            "driver's paths (docs/ray.md); missing:\n"
+            "Ray workers may start on any node, and there they need the model, "
+            "venvs and code at the driver's paths (docs/ray.md); missing:\n"
             + "\n".join(f"  - {p}" for p in problems)
             + "\n(scheduler.ray.check_nodes=false skips this check.)"
         )
+    return unshared
+
+
+def resolve_transport(cfg, run_dir: Path, unshared: dict[str, str]) -> AdapterTransport:
+    """``scheduler.ray.adapter_transport`` against what the nodes see: auto is
+    push where some node lacks the run directory; shared_fs there is refused,
+    naming the directory and the fix."""
+    asked = AdapterTransport(cfg.scheduler.ray.adapter_transport)
+    if not unshared:
+        transport = (
+            AdapterTransport.SHARED_FS if asked == AdapterTransport.AUTO else asked
+        )
+    elif asked == AdapterTransport.SHARED_FS:
+        raise ConfigError(
+            f"scheduler.ray.adapter_transport=shared_fs needs the run directory "
+            f"{run_dir} on a filesystem shared by every node, but "
+            f"{', '.join(unshared.values())} does not see it (its servers could not "
+            f"read the adapters); mount {cfg.cluster.fileroot} at the same path on "
+            "every node, or set scheduler.ray.adapter_transport=push (or auto) to "
+            "send each adapter version to the servers' nodes."
+        )
+    else:
+        transport = AdapterTransport.PUSH
+        logger.info(
+            f"the run directory is not shared with {', '.join(unshared.values())}: "
+            "adapters are pushed to the rollout workers' nodes"
+        )
+    return transport
 
 
 def check_addresses(cfg, nodes: list[dict[str, Any]]) -> None:
@@ -187,9 +231,19 @@ class MARLaaSRayScheduler(RayScheduler):
     and forgets), and each worker's thread count comes from its own spec (not
     from the driver's environment)."""
 
-    def __init__(self, cfg, connected_here: bool):
+    def __init__(
+        self,
+        cfg,
+        connected_here: bool,
+        transport: AdapterTransport = AdapterTransport.SHARED_FS,
+        unshared: dict[str, str] | None = None,
+    ):
         super().__init__(cfg.scheduler.startup_timeout_s, exp_config=cfg)
         self.connected_here = connected_here
+        self.adapter_transport = transport
+        # Nodes without the run directory (node ID -> where): no trainer there.
+        self.unshared = unshared or {}
+        self.run_root = str(cfg.cluster.fileroot)
         areal_logger = stdlib_logging.getLogger("RayScheduler")
         if not any(isinstance(f, _ExitedAsAsked) for f in areal_logger.filters):
             areal_logger.addFilter(_ExitedAsAsked())
@@ -221,6 +275,8 @@ class MARLaaSRayScheduler(RayScheduler):
                 "leftover placement groups may hold the rest: `ray status`); lower "
                 "them, free the cluster, or raise scheduler.startup_timeout_s."
             ) from e
+        if base == "actor":
+            self._check_trainer_nodes(role)
         for rank, wi in enumerate(self._workers.get(role, [])):
             try:
                 ray.get(
@@ -232,6 +288,27 @@ class MARLaaSRayScheduler(RayScheduler):
                     wi.worker.id, "configure failed on the worker", str(e)
                 ) from e
         return ids
+
+    def _check_trainer_nodes(self, role: str) -> None:
+        """Trainers write adapters and optimizer state into the run directory
+        and the driver reads them there (resume, checkpoints, pushes): a trainer
+        placed on a node without it is refused."""
+        if not self.unshared:
+            return
+        from ray.util import placement_group_table
+
+        for wi in self._workers.get(role, []):
+            table = placement_group_table(wi.placement_group)
+            node = table["bundles_to_node_id"][wi.bundle_index or 0]
+            if node in self.unshared:
+                raise ConfigError(
+                    f"trainer worker {wi.worker.id} was placed on "
+                    f"{self.unshared[node]}, which does not see the run directory "
+                    f"({self.run_root}); trainers write adapters "
+                    "and optimizer state there. Run marlaas on the trainer's node, "
+                    "share the run directory with it, or size actor.scheduling_spec "
+                    "so only nodes that see it can hold a trainer."
+                )
 
     def close(self) -> None:
         self.delete_workers(None)
@@ -246,9 +323,11 @@ def make_ray_scheduler(cfg, run_dir: Path) -> MARLaaSRayScheduler:
         nodes = alive_nodes()
         check_placeable(demands(cfg), nodes, device_type())
         check_addresses(cfg, nodes)
+        unshared: dict[str, str] = {}
         if settings.check_nodes:
-            check_nodes(cfg, run_dir, nodes, cfg.scheduler.startup_timeout_s)
-        return MARLaaSRayScheduler(cfg, connected)
+            unshared = check_nodes(cfg, run_dir, nodes, cfg.scheduler.startup_timeout_s)
+        transport = resolve_transport(cfg, run_dir, unshared)
+        return MARLaaSRayScheduler(cfg, connected, transport, unshared)
     except BaseException:
         if connected:
             ray.shutdown()

@@ -4,10 +4,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from areal_marlaas.errors import ConfigError
 
 SLURM_CONTAINERS = ("none", "apptainer")
+
+
+class AdapterTransport(StrEnum):
+    """How a committed adapter reaches the vLLM servers on other nodes."""
+
+    SHARED_FS = "shared_fs"  # the servers read the run directory (one mount)
+    PUSH = "push"  # its files go to each server's node, written there
+    AUTO = "auto"  # push when the start-up check finds the run dir not shared
 
 
 @dataclass
@@ -40,6 +49,28 @@ class RayClusterConfig:
             "it stays in Ray's session logs (/tmp/ray/session_latest/logs)."
         },
     )
+    adapter_transport: str = field(
+        default=AdapterTransport.AUTO.value,
+        metadata={
+            "help": "How adapters reach servers on other nodes: shared_fs (the "
+            "run directory is mounted at the same path on every node), push (the "
+            "driver sends each version's files to every rollout worker, which "
+            "writes them on its node and deletes them once unloaded; trainers "
+            "must still run where the run directory is), auto (push when the "
+            "start-up check finds a node without the run directory).",
+            "choices": [t.value for t in AdapterTransport],
+        },
+    )
+
+    def __post_init__(self):
+        try:
+            AdapterTransport(self.adapter_transport)
+        except ValueError:
+            raise ConfigError(
+                "scheduler.ray.adapter_transport must be one of "
+                f"{[t.value for t in AdapterTransport]}, got "
+                f"{self.adapter_transport!r}."
+            ) from None
 
 
 @dataclass

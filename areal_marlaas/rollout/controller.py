@@ -3,11 +3,15 @@ multi-LoRA engine: a RolloutController whose workers run ``MultiLoRAvLLMEngine``
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from areal.api.cli_args import InferenceEngineConfig
 from areal.infra.controller.rollout_controller import RolloutController
+
+from areal_marlaas.rollout import staging
 
 
 class MultiTaskRolloutController(RolloutController):
@@ -19,17 +23,59 @@ class MultiTaskRolloutController(RolloutController):
         # worker executors (``as_controller`` opens it for per-task versions).
         super().__init__(inf_engine, config, scheduler)
         self._priorities: dict[str, int] = {}  # as the workers have them
+        # adapter_transport=push: send each version's files with the call (the
+        # workers' nodes do not see the run directory); each transfer is told
+        # to ``on_transfer`` (the run store's events.jsonl).
+        self.push = False
+        self.on_transfer: Callable[[dict[str, Any]], None] | None = None
+
+    def _adapter_rpc(self, method: str, task: str, version: int, path: str | Path):
+        if not self.push:
+            self._collective_rpc(method, task=task, version=version, path=str(path))
+            return
+        files = staging.served_files(path)
+        sent = staging.digest(files)
+        start = time.time()
+        served = self._collective_rpc(
+            method, task=task, version=version, path=str(path), files=files
+        )
+        end = time.time()
+        record = {
+            "transfer": "adapter",
+            "task": task,
+            "version": version,
+            "bytes": sum(len(b) for b in files.values()),
+            "workers": len(served),
+            "start": start,
+            "end": end,
+            "sha256": sent,
+            "served_sha256": served,
+        }
+        if self.on_transfer is not None:
+            self.on_transfer(record)
+        if any(d != sent for d in served):
+            raise RuntimeError(
+                f"{task} v{version}: a rollout worker holds other bytes than "
+                f"the trainer wrote (sent {sent[:12]}, workers read back "
+                f"{[d[:12] if d else d for d in served]})"
+            )
 
     def register_task(self, task: str, version: int, path: str | Path) -> None:
-        self._collective_rpc(
-            "register_task", task=task, version=version, path=str(path)
-        )
+        self._adapter_rpc("register_task", task, version, path)
+
+    def stage_files(self, path: str | Path) -> None:
+        """Write the adapter at ``path`` (on this machine) at the same path on
+        every worker's node, for a caller that loads it there by path (the
+        service's chat routes)."""
+        files = staging.served_files(path)
+        sent = staging.digest(files)
+        served = self._collective_rpc("stage_adapter", path=str(path), files=files)
+        if any(d != sent for d in served):
+            raise RuntimeError(f"{path}: a rollout worker holds other bytes")
 
     def publish(self, task: str, version: int, path: str | Path) -> None:
         """Make ``<task>-v<version>`` live on every worker's servers."""
-        self._collective_rpc(
-            "publish_adapter", task=task, version=version, path=str(path)
-        )
+        self._adapter_rpc("publish_adapter", task, version, path)
 
     def served(self) -> dict[str, tuple[int, str]]:
         """Task -> (published version, folder), the same on every worker."""

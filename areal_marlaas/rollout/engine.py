@@ -34,6 +34,7 @@ from areal.infra.remote_inf_engine import RemoteInfEngine
 from areal.utils import logging, name_resolve, names
 
 from areal_marlaas.config.server import RolloutServerConfig
+from areal_marlaas.rollout import staging
 from areal_marlaas.rollout.gate import without_global_staleness_gate
 from areal_marlaas.rollout.platform import resolve_platform
 from areal_marlaas.rollout.registry import AdapterRegistry, adapter_name
@@ -148,6 +149,9 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         self._episodes: dict[int, _KeepFailure] = {}
         self._episodes_lock = threading.Lock()
         self._priorities: dict[str, int] = {}  # task -> its requests' priority
+        # Adapter name -> the folder pushed to this node for it (deleted once
+        # the name is unloaded).
+        self._staged: dict[str, Path] = {}
         # Servers this engine launched on its node (server.launch=workers).
         self.servers: list[VLLMServer] = []
 
@@ -297,10 +301,31 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
                     f"{addr} unload {name}: HTTP {resp.status_code} {resp.text}"
                 )
 
-    def register_task(self, task: str, version: int, path: str | Path) -> None:
-        """Load a task's starting adapter and route its requests to it."""
+    def _stage(
+        self, task: str, version: int, path: str | Path, files: staging.Files | None
+    ) -> str | None:
+        """Pushed files (``adapter_transport=push``) written at ``path`` on this
+        node; the digest of what is on disk here, read back."""
+        if files is None:
+            return None
+        if staging.stage(path, files):
+            self._staged[adapter_name(task, version)] = Path(path)
+        return staging.read_digest(path)
+
+    def register_task(
+        self,
+        task: str,
+        version: int,
+        path: str | Path,
+        files: staging.Files | None = None,
+    ) -> str | None:
+        """Load a task's starting adapter and route its requests to it; with
+        ``files``, first write them at ``path`` on this node (returns their
+        digest as read back)."""
+        served = self._stage(task, version, path, files)
         self.load_adapter(task, version, path)
         self.adapters.set_current(task, version, str(path))
+        return served
 
     def publish(
         self,
@@ -308,13 +333,16 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         version: int,
         path: str | Path,
         on_retired: Callable[[str], None] | None = None,
+        files: staging.Files | None = None,
     ) -> Future[str | None]:
-        """Serve ``<task>-v<version>`` from ``path`` to all new requests of ``task``.
+        """Serve ``<task>-v<version>`` from ``path`` to all new requests of ``task``
+        (with ``files``, written at ``path`` on this node first).
 
         Returns once the new name is live; the old name is unloaded in the
         background after its in-flight requests finish (the returned future
         resolves to the retired name). Other tasks are never paused.
         """
+        self._stage(task, version, path, files)
         with self._adapter_lock:
             self.load_adapter(task, version, path)
             old = self.adapters.set_current(task, version, str(path))
@@ -330,14 +358,25 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
             logger.warning(f"{name} still has requests after the timeout; unloading")
         self.unload_adapter(name)
         self.adapters.mark_retired(name)
+        folder = self._staged.pop(name, None)
+        if folder is not None:
+            staging.unstage(folder)
         logger.info(f"retired {name}")
         if on_retired is not None:
             on_retired(name)
         return name
 
-    def publish_adapter(self, task: str, version: int, path: str) -> None:
-        """``publish`` for RPC callers: returns once the new name is live."""
-        self.publish(task, version, path)
+    def publish_adapter(
+        self,
+        task: str,
+        version: int,
+        path: str,
+        files: staging.Files | None = None,
+    ) -> str | None:
+        """``publish`` for RPC callers: returns once the new name is live (the
+        digest of the pushed files as this node holds them, if pushed)."""
+        self.publish(task, version, path, files=files)
+        return staging.read_digest(path) if files is not None else None
 
     def remove_task(self, task: str) -> None:
         """The task left (finished, cancelled, failed): unload its adapter once
@@ -495,8 +534,14 @@ class MultiLoRAvLLMEngine(RemotevLLMEngine):
     def set_priority(self, task: str, priority: int) -> None:
         self._engine.set_priority(task, priority)
 
-    def register_task(self, task: str, version: int, path: str | Path) -> None:
-        self._engine.register_task(task, version, path)
+    def register_task(
+        self,
+        task: str,
+        version: int,
+        path: str | Path,
+        files: staging.Files | None = None,
+    ) -> str | None:
+        return self._engine.register_task(task, version, path, files)
 
     def publish(self, task: str, version: int, path: str | Path, on_retired=None):
         return self._engine.publish(task, version, path, on_retired)
@@ -515,8 +560,20 @@ class MultiLoRAvLLMEngine(RemotevLLMEngine):
             rows, workflow, workflow_kwargs, group_size, timeout
         )
 
-    def publish_adapter(self, task: str, version: int, path: str) -> None:
-        self._engine.publish_adapter(task, version, path)
+    def publish_adapter(
+        self,
+        task: str,
+        version: int,
+        path: str,
+        files: staging.Files | None = None,
+    ) -> str | None:
+        return self._engine.publish_adapter(task, version, path, files)
+
+    def stage_adapter(self, path: str, files: staging.Files) -> str:
+        """Pushed files written at ``path`` on this node (an adapter that is
+        loaded by path from elsewhere); their digest as read back."""
+        staging.stage(path, files)
+        return staging.read_digest(path)
 
     # What the driver's supervisor asks a rollout worker about its server.
     def server_exited(self) -> str | None:

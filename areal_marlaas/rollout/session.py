@@ -12,6 +12,7 @@ from areal.api.io_struct import LocalInfServerInfo
 from areal.utils import logging
 
 from areal_marlaas.config import ConfigError, MARLaaSConfig
+from areal_marlaas.config.cluster import AdapterTransport
 from areal_marlaas.config.server import MultiLoRAEngineConfig
 from areal_marlaas.rollout.controller import MultiTaskRolloutController, WorkerServers
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
@@ -87,6 +88,9 @@ class RolloutSession:
         engine_cfg = MultiLoRAEngineConfig(**fields, server=server, vllm=cfg.vllm)
         t0 = time.monotonic()
         self.engine = engine = MultiLoRAvLLMEngine.as_controller(engine_cfg, scheduler)
+        # The servers' nodes may not see the run directory: send the files.
+        transport = getattr(scheduler, "adapter_transport", None)
+        engine.push = transport == AdapterTransport.PUSH
         engine.initialize(role="rollout", server_args={})
         self.server_start_s = time.monotonic() - t0
         self.worker_servers = WorkerServers(engine)

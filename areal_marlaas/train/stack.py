@@ -26,6 +26,7 @@ from areal_marlaas.admission import KVModel
 from areal_marlaas.cluster import close_scheduler, make_scheduler
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
 from areal_marlaas.placement import parse_cpus, pin_current_process
+from areal_marlaas.rollout.controller import MultiTaskRolloutController
 from areal_marlaas.rollout.session import RolloutSession
 from areal_marlaas.rundir.records import EvalRecord, EvalSample, StepRecord
 from areal_marlaas.rundir.writer import RunStore
@@ -242,6 +243,8 @@ class TrainingStack:
         self.screen.phase("starting the rollout server")
         self.session = RolloutSession(self.cfg, self.store.root)
         rollout = self.session.start(self.scheduler)
+        if isinstance(rollout, MultiTaskRolloutController):
+            rollout.on_transfer = self.store.record  # pushed adapters' cost
         self.rollout = self.session.supervise(rollout, on_restart=self._on_restart)
         self.timings["server_start_s"] = self.session.server_start_s or 0.0
         return self.rollout

@@ -138,6 +138,10 @@ def test_shipped_ray_config_loads_and_fits_a_two_cpu_head():
         (["scheduler.slurm.container=docker"], "scheduler.slurm.container must be"),
         (["scheduler.trainers=0"], "scheduler.trainers must be >= 1, got 0"),
         (["scheduler.trainers=2"], "scheduler.trainers=2 runs trainer workers: set"),
+        (
+            ["scheduler.ray.adapter_transport=nfs"],
+            "scheduler.ray.adapter_transport must be one of",
+        ),
     ],
 )
 def test_scale_out_settings_are_validated(overrides, match):
@@ -164,15 +168,52 @@ def test_node_probe_names_a_run_dir_that_is_not_shared_and_a_missing_model(tmp_p
 
     problems = _probe(checks)
 
-    assert len(problems) == 3, problems
+    assert [check for check, _ in problems] == [
+        "cluster.fileroot (the run directory)",
+        "actor.path",
+        "server.python",
+    ]
+    messages = [m for _, m in problems]
     assert (
-        f"{tmp_path / 'run'} is not the driver's (no shared filesystem" in problems[0]
+        f"{tmp_path / 'run'} is not the driver's (no shared filesystem" in (messages[0])
     )
-    assert f"actor.path: {model} is not a model folder" in problems[1]
-    assert "server.python:" in problems[2]
+    assert f"actor.path: {model} is not a model folder" in messages[1]
+    assert "server.python:" in messages[2]
     token.write_text("mine")
     (model / "config.json").write_text("{}")
     assert _probe(checks[:2]) == []
+
+
+UNSHARED = {"n2": "node 10.0.0.2 (n2)"}
+
+
+@pytest.mark.parametrize(
+    "asked, unshared, want",
+    [
+        ("auto", {}, "shared_fs"),
+        ("auto", UNSHARED, "push"),
+        ("push", {}, "push"),
+        ("push", UNSHARED, "push"),
+        ("shared_fs", {}, "shared_fs"),
+    ],
+)
+def test_adapter_transport_follows_what_the_nodes_see(asked, unshared, want):
+    from areal_marlaas.cluster.ray import resolve_transport
+
+    cfg = ray_cfg(*SMALL, f"scheduler.ray.adapter_transport={asked}")
+    assert resolve_transport(cfg, Path("/runs/x"), unshared) == want
+
+
+def test_shared_fs_without_a_shared_run_dir_names_the_folder_and_the_fix():
+    from areal_marlaas.cluster.ray import resolve_transport
+
+    cfg = ray_cfg(*SMALL, "scheduler.ray.adapter_transport=shared_fs")
+    with pytest.raises(ConfigError) as e:
+        resolve_transport(cfg, Path("/runs/x"), UNSHARED)
+    text = str(e.value)
+    assert "adapter_transport=shared_fs needs the run directory /runs/x" in text
+    assert "node 10.0.0.2 (n2) does not see it" in text
+    assert "set scheduler.ray.adapter_transport=push" in text
 
 
 def test_loopback_server_addresses_are_refused_across_machines():
