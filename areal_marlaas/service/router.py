@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
@@ -70,6 +71,7 @@ class VLLMModelRouter:
         capacity: int,
         *,
         timeout: float = 120.0,
+        stage: Callable[[Path], None] | None = None,
     ):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -81,6 +83,9 @@ class VLLMModelRouter:
         self.base_model_path = base_model_path
         self.capacity = capacity
         self.timeout = timeout
+        # The server's node does not see this machine's files: put a
+        # checkpoint there before loading it by path.
+        self.stage = stage
         self._lock = threading.Lock()
         # serve name -> in-flight count, least recently used first.
         self._loaded: OrderedDict[str, _Loaded] = OrderedDict()
@@ -173,6 +178,11 @@ class VLLMModelRouter:
     def _load(self, name: str, path: Path) -> None:
         if not (path / "adapter_config.json").is_file():
             raise UpstreamError(f"checkpoint adapter {path} is missing")
+        if self.stage is not None:
+            try:
+                self.stage(path)
+            except Exception as e:
+                raise UpstreamError(f"push {name} to the server's node: {e}") from e
         try:
             resp = httpx.post(
                 f"{self.server}/v1/load_lora_adapter",

@@ -28,6 +28,7 @@ from areal.utils.hf_utils import load_hf_tokenizer
 
 from areal_marlaas import admission
 from areal_marlaas.config.service import ServiceRunConfig
+from areal_marlaas.rollout.controller import MultiTaskRolloutController
 from areal_marlaas.rollout.server_metrics import scrape
 from areal_marlaas.rundir.records import EvalRecord, EvalSample, StepRecord
 from areal_marlaas.scheduler.backends import TaskStatus
@@ -104,12 +105,17 @@ class ServiceRunner:
             )
             stack.start_stats(10**6)  # open-ended: jobs keep arriving
             self.recorder.reconcile()
+            ctrl = stack.session.engine
+            stage = None
+            if isinstance(ctrl, MultiTaskRolloutController) and ctrl.push:
+                stage = ctrl.stage_files
             router = VLLMModelRouter(
                 self.jobs,
                 stack.session.addresses[0],
                 self.svc.base_model,
                 cfg.vllm.model,
                 self.svc.inference_adapters,
+                stage=stage,
             )
             self.api = run_api(
                 self.svc,
