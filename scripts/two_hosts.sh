@@ -40,6 +40,10 @@ up)
   root=${3:-}; subnet=${4:-10.213.7}
   [[ -n $root ]] || die "up NAME RUN_ROOT [SUBNET]"
   [[ -d $root ]] || die "RUN_ROOT $root is not a folder"
+  root=$(realpath "$root")
+  # Each host's /tmp and /dev/shm are its own: a root under them is on neither.
+  [[ $root == /tmp/* || $root == /dev/shm/* ]] && \
+    die "RUN_ROOT $root is under /tmp or /dev/shm, which each host replaces; use e.g. /var/tmp"
   [[ -e $dir ]] && die "$name is up already ($dir); run: $0 down $name"
   mkdir -p "$dir"
   # Persistent mount/uts namespaces are bind-mounted files, which must live
@@ -58,7 +62,7 @@ up)
     echo "$name-h$h" > /etc/netns/"$(ns $h)"/hostname
     touch "$dir/h$h.mnt" "$dir/h$h.uts"
     hide=""
-    [[ $h == 2 ]] && hide="mount -t tmpfs -o size=16m tmpfs '$root';"
+    [[ $h == 2 ]] && hide="mount -t tmpfs -o size=2g tmpfs '$root';"
     unshare --mount="$dir/h$h.mnt" --uts="$dir/h$h.uts" --propagation private \
       sh -c "hostname $name-h$h; mount -t tmpfs -o size=4g tmpfs /tmp; \
              mount -t tmpfs -o size=4g tmpfs /dev/shm; $hide

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.two_hosts import two_hosts  # noqa: F401 (a fixture for every test)
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(
     os.environ.get("MARLAAS_SHARED_DATA", REPO.parent / "shared" / "data")
