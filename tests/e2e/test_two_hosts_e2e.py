@@ -181,14 +181,16 @@ def test_service_across_two_hosts_trains_and_chats_on_host_2(two_hosts):
             assert service.poll() is None, log.read_text()[-5000:]
             assert time.monotonic() < deadline, log.read_text()[-5000:]
             time.sleep(2)
+        # The tenant's process runs on host 1 (nsenter starts it in /).
         tenant = hosts.h1.run(
+            "env",
+            f"PYTHONPATH={REPO}",
             sys.executable,
             "-m",
             "tests.two_hosts_client",
             str(port),
             key,
             timeout=1500,
-            cwd=REPO,
         )
         assert tenant.returncode == 0, tenant.stderr[-3000:]
         seen = json.loads(tenant.stdout.strip().splitlines()[-1])
