@@ -94,50 +94,48 @@ class TwoHosts:
     def start_ray(self, head: dict[str, int], worker: dict[str, int]) -> None:
         """``ray start`` on each host with these logical resources ({cpus,
         memory_gib}); each node advertises its own address."""
-        common = ["--num-gpus=0", "--disable-usage-stats"]
-        common += ["--object-store-memory=300000000"]
-        for host, res, extra in (
-            (
-                self.h1,
-                head,
-                ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"],
-            ),
-            (self.h2, worker, [f"--address={self.ray_address}"]),
-        ):
-            out = host.run(
-                "env",
-                "RAY_memory_monitor_refresh_ms=0",
-                RAY,
-                "start",
-                *extra,
-                f"--node-ip-address={host.ip}",
-                f"--num-cpus={res['cpus']}",
-                f"--memory={res['memory_gib'] * GIB}",
-                *common,
-            )
-            assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        self.start_node(self.h1, head)
+        self.start_node(self.h2, worker)
+
+    def start_node(self, host: Host, res: dict[str, int]) -> None:
+        """Host 1's head, or a node joining it (again, after a loss)."""
+        if host.index == 1:
+            role = ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"]
+        else:
+            role = [f"--address={self.ray_address}"]
+        out = host.run(
+            "env",
+            "RAY_memory_monitor_refresh_ms=0",
+            RAY,
+            "start",
+            *role,
+            f"--node-ip-address={host.ip}",
+            f"--num-cpus={res['cpus']}",
+            f"--memory={res['memory_gib'] * GIB}",
+            "--num-gpus=0",
+            "--disable-usage-stats",
+            "--object-store-memory=300000000",
+        )
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         deadline = time.monotonic() + 60
         status = None
         while time.monotonic() < deadline:
             status = self.h1.run(RAY, "status", f"--address={self.ray_address}")
-            if status.stdout.count("node_") >= 2:
+            if status.stdout.count("node_") >= host.index:
                 return
             time.sleep(1)
         seen = status.stdout if status else ""
-        raise TimeoutError(f"host 2's Ray node did not join: {seen}")
+        raise TimeoutError(f"host {host.index}'s Ray node did not join: {seen}")
 
-    def kill_ray_node(self, host: Host) -> None:
-        """Kill one host's Ray node (its raylet and workers): ``ray stop`` would
-        kill every Ray process on the machine, both hosts' and the tests'."""
-        for line_pid in subprocess.run(
+    def lose(self, host: Host) -> None:
+        """The host dies: every process in its namespace is killed at once
+        (its Ray node, workers and servers). Not ``ray stop``, which kills
+        every Ray process on the machine, both hosts' and the tests'."""
+        pids = subprocess.run(
             ["ip", "netns", "pids", host.netns], capture_output=True, text=True
-        ).stdout.split():
-            try:
-                cmd = Path(f"/proc/{line_pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"raylet" in cmd or b"ray::" in cmd or b"default_worker" in cmd:
-                subprocess.run(["kill", "-9", line_pid], capture_output=True)
+        ).stdout.split()
+        if pids:
+            subprocess.run(["kill", "-9", *pids], capture_output=True)
 
 
 @pytest.fixture

@@ -6,9 +6,11 @@ worker ``configure`` calls that failed."""
 
 from __future__ import annotations
 
+import contextlib
 import logging as stdlib_logging
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -309,6 +311,25 @@ class MARLaaSRayScheduler(RayScheduler):
                     "share the run directory with it, or size actor.scheduling_spec "
                     "so only nodes that see it can hold a trainer."
                 )
+
+    def forget_workers(self, role: str, ids: list[str]) -> None:
+        """Workers lost with their node: drop them, and wait until Ray has
+        released their actor names (it keeps a name until it marks the actor
+        dead), so new workers can take the same names."""
+        try:
+            self.delete_workers(role)
+        except Exception as e:  # dead actors may not answer their destroy
+            logger.warning(f"deleting lost {role} workers: {e}")
+        deadline = time.monotonic() + self.startup_timeout
+        for name in ids:
+            while time.monotonic() < deadline:
+                try:
+                    actor = ray.get_actor(name)
+                except ValueError:
+                    break  # the name is free
+                with contextlib.suppress(Exception):  # dead already
+                    ray.kill(actor, no_restart=True)
+                time.sleep(1)
 
     def close(self) -> None:
         self.delete_workers(None)

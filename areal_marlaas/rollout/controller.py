@@ -10,8 +10,12 @@ from typing import Any
 
 from areal.api.cli_args import InferenceEngineConfig
 from areal.infra.controller.rollout_controller import RolloutController
+from areal.infra.utils.concurrent import run_async_task
+from areal.utils import logging
 
 from areal_marlaas.rollout import staging
+
+logger = logging.getLogger("MARLaaSRolloutController")
 
 
 class MultiTaskRolloutController(RolloutController):
@@ -28,10 +32,41 @@ class MultiTaskRolloutController(RolloutController):
         # to ``on_transfer`` (the run store's events.jsonl).
         self.push = False
         self.on_transfer: Callable[[dict[str, Any]], None] | None = None
+        # What the workers serve, as the driver asked: a respawned worker gets it.
+        self._current: dict[str, tuple[int, str]] = {}
+        self._job = None  # the workers' job, to create them again
+
+    async def _async_initialize(self, job, server_args, server_infos=None, *a, **kw):
+        self._job = job
+        return await super()._async_initialize(job, server_args, server_infos, *a, **kw)
+
+    def respawn(self) -> None:
+        """The rollout workers were lost (their node died): delete them, create
+        new ones where the cluster has room now, launch their servers, and load
+        every task's current adapter and priority there."""
+        assert self._job is not None, "initialize first"
+        forget = getattr(self.scheduler, "forget_workers", None)
+        if forget is not None:  # Ray: also free the dead actors' names
+            forget(self._worker_role, [w.id for w in self.workers])
+        else:
+            try:
+                self.scheduler.delete_workers(role=self._worker_role)
+            except Exception as e:  # a dead worker may not answer its destroy
+                logger.warning(f"deleting the lost rollout workers: {e}")
+        run_async_task(self._async_initialize, self._job, {}, None)
+        for task, (version, path) in self._current.items():
+            self._adapter_rpc("register_task", task, version, path)
+        for task, priority in self._priorities.items():
+            self._collective_rpc("set_priority", task=task, priority=priority)
+        logger.info(
+            f"rollout workers respawned: servers {self.server_infos}, "
+            f"{len(self._current)} adapter(s) loaded"
+        )
 
     def _adapter_rpc(self, method: str, task: str, version: int, path: str | Path):
         if not self.push:
             self._collective_rpc(method, task=task, version=version, path=str(path))
+            self._current[task] = (version, str(path))
             return
         files = staging.served_files(path)
         sent = staging.digest(files)
@@ -59,6 +94,7 @@ class MultiTaskRolloutController(RolloutController):
                 f"the trainer wrote (sent {sent[:12]}, workers read back "
                 f"{[d[:12] if d else d for d in served]})"
             )
+        self._current[task] = (version, str(path))
 
     def register_task(self, task: str, version: int, path: str | Path) -> None:
         self._adapter_rpc("register_task", task, version, path)
@@ -88,6 +124,7 @@ class MultiTaskRolloutController(RolloutController):
     def remove_task(self, task: str) -> None:
         self._collective_rpc("remove_task", task=task)
         self._priorities.pop(task, None)
+        self._current.pop(task, None)
 
     def set_priority(self, task: str, priority: int) -> None:
         """Every worker sends ``task``'s next requests at ``priority`` (one
@@ -130,6 +167,7 @@ class WorkerServers:
 
     def __init__(self, controller: MultiTaskRolloutController):
         self.controller = controller
+        self.lost = False  # a worker stopped answering: start() respawns them
 
     @property
     def addresses(self) -> list[str]:
@@ -143,15 +181,26 @@ class WorkerServers:
         try:
             gone = self.controller._collective_rpc("server_exited")
         except Exception as e:  # a lost worker: its server is gone with it
+            self.lost = True
             return f"rollout worker unreachable: {type(e).__name__}: {e}"
         return next(filter(None, gone), None)
 
     def healthy(self, timeout: float) -> bool:
-        return all(self.controller._collective_rpc("server_healthy", timeout=timeout))
+        try:
+            return all(
+                self.controller._collective_rpc("server_healthy", timeout=timeout)
+            )
+        except Exception:
+            return False
 
     def stop(self, timeout: float = 30.0) -> None:
-        self.controller._collective_rpc("stop_server", timeout=timeout)
+        if not self.lost:
+            self.controller._collective_rpc("stop_server", timeout=timeout)
 
     def start(self) -> str:
-        self.controller._collective_rpc("start_server")
+        if self.lost:
+            self.controller.respawn()
+            self.lost = False
+        else:
+            self.controller._collective_rpc("start_server")
         return self.address

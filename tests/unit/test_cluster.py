@@ -428,6 +428,35 @@ def test_a_lost_rollout_worker_is_a_server_fault():
     assert "rollout worker unreachable" in WorkerServers(Lost()).exited()
 
 
+def test_a_lost_rollout_worker_is_respawned_not_restarted():
+    from areal_marlaas.rollout.controller import WorkerServers
+    from areal_marlaas.rollout.supervisor import ServerSupervisor
+
+    class Lost(FakeController):
+        dead = True
+        respawned = 0
+
+        def _collective_rpc(self, method, **kwargs):
+            if self.dead:
+                raise RuntimeError("actor died with its node")
+            return super()._collective_rpc(method, **kwargs)
+
+        def respawn(self):
+            self.dead = False
+            self.respawned += 1
+
+    controller = Lost()
+    sup = ServerSupervisor(WorkerServers(controller), FaultToleranceConfig())
+    reason = sup.check()
+    assert reason is not None and "rollout worker unreachable" in reason
+    record = sup.recover(reason)
+    # No stop or start asked of the dead workers: new ones instead.
+    assert record.ok and controller.respawned == 1
+    assert "stop_server" not in controller.calls
+    assert "start_server" not in controller.calls
+    assert sup.check() is None
+
+
 def test_model_paths_exist_for_the_node_checks(model_path):
     from areal_marlaas.cluster.ray import node_checks
 
