@@ -25,7 +25,7 @@ class TaskDatasetConfig:
         default="",
         metadata={
             "help": "jsonl/json file, folder with <split>.jsonl, or hub id. Empty for "
-            "synthetic kinds (addition, multiplication)."
+            "synthetic kinds (addition, multiplication, sorting)."
         },
     )
     split: str = field(default="train", metadata={"help": "Dataset split."})
@@ -46,12 +46,16 @@ class TaskDatasetConfig:
             "(e.g. digits=2 digits2=1: 2-digit x 1-digit)."
         },
     )
+    items: int = field(
+        default=4,
+        metadata={"help": "Synthetic sorting: how many distinct numbers to sort."},
+    )
     holdout: float = field(
         default=0.0,
         metadata={
-            "help": "Synthetic arithmetic: fraction of the problem space kept for the "
-            "held-out test split (by problem, a op b = b op a); split=train draws "
-            "from the rest, split=test from it."
+            "help": "Synthetic kinds: fraction of the problem space kept for the "
+            "held-out test split (by problem: a op b = b op a, a list in any "
+            "order); split=train draws from the rest, split=test from it."
         },
     )
     format: str = field(
@@ -496,6 +500,9 @@ class TaskSpec:
                 )
             if not 0 <= ds.holdout < 1:
                 raise ConfigError(f"{where}: {key}.holdout must be in [0, 1).")
+            problem = KINDS[self.kind].check(ds) if self.kind in KINDS else ""
+            if problem:
+                raise ConfigError(f"{where}: {key}.{problem}")
 
     def _check_eval(self, where: str) -> None:
         if not isinstance(self.eval_interval, int) or self.eval_interval < 0:

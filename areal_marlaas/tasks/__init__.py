@@ -19,11 +19,14 @@ from areal_marlaas.tasks.gsm8k import load_gsm8k_rows
 from areal_marlaas.tasks.messages import load_messages_rows
 from areal_marlaas.tasks.records import read_records
 from areal_marlaas.tasks.search import SCORER_REWARD_FNS, load_hotpotqa_rows
+from areal_marlaas.tasks.sorting import make_sorting_rows
 
 if TYPE_CHECKING:
     from areal_marlaas.config import TaskSpec
+    from areal_marlaas.config.tasks import TaskDatasetConfig
 
 NUMERIC_REWARD = "areal_marlaas.tasks.rewards.numeric_answer_reward_fn"
+SORTED_REWARD = "areal_marlaas.tasks.sorting.sorted_list_reward_fn"
 MATH_REWARD = "areal_marlaas.tasks.competition_math.math_verify_reward_fn"
 SEARCH_WORKFLOW = "areal_marlaas.workflows.search_agent.SearchAgentWorkflow"
 DEFAULT_SYNTHETIC_SIZE = 1024
@@ -39,6 +42,8 @@ class TaskKind:
     # workflow class says which of the task's settings it takes.
     workflow: str = ""
     needs_search: bool = False
+    # What is wrong with a dataset's settings for this kind ("" = nothing).
+    check: Callable[[TaskDatasetConfig], str] = lambda ds: ""
 
 
 def _arithmetic(op: str) -> Callable[[TaskSpec], list[dict]]:
@@ -55,6 +60,28 @@ def _arithmetic(op: str) -> Callable[[TaskSpec], list[dict]]:
         )
 
     return load
+
+
+def _sorting(spec: TaskSpec) -> list[dict]:
+    ds = spec.dataset
+    return make_sorting_rows(
+        ds.size or DEFAULT_SYNTHETIC_SIZE,
+        ds.digits,
+        ds.items,
+        spec.seed,
+        split=ds.split,
+        holdout=ds.holdout,
+    )
+
+
+def _sorting_check(ds: TaskDatasetConfig) -> str:
+    most = 10**ds.digits // 2
+    if 2 <= ds.items <= most:
+        return ""
+    return (
+        f"items must be in [2, {most}] for {ds.digits}-digit numbers, "
+        f"got {ds.items}."
+    )
 
 
 def _gsm8k(spec: TaskSpec) -> list[dict]:
@@ -87,6 +114,9 @@ KINDS: dict[str, TaskKind] = {
     "addition": TaskKind("addition", NUMERIC_REWARD, False, _arithmetic("addition")),
     "multiplication": TaskKind(
         "multiplication", NUMERIC_REWARD, False, _arithmetic("multiplication")
+    ),
+    "sorting": TaskKind(
+        "sorting", SORTED_REWARD, False, _sorting, check=_sorting_check
     ),
     "gsm8k": TaskKind("gsm8k", NUMERIC_REWARD, True, _gsm8k),
     "amc": TaskKind("amc", MATH_REWARD, True, _math("amc")),
