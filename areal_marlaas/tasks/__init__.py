@@ -79,8 +79,7 @@ def _sorting_check(ds: TaskDatasetConfig) -> str:
     if 2 <= ds.items <= most:
         return ""
     return (
-        f"items must be in [2, {most}] for {ds.digits}-digit numbers, "
-        f"got {ds.items}."
+        f"items must be in [2, {most}] for {ds.digits}-digit numbers, got {ds.items}."
     )
 
 
