@@ -45,6 +45,7 @@ class MultiTaskRolloutController(RolloutController):
         new ones where the cluster has room now, launch their servers, and load
         every task's current adapter and priority there."""
         assert self._job is not None, "initialize first"
+        self.fail_in_flight("the rollout workers were lost")
         forget = getattr(self.scheduler, "forget_workers", None)
         if forget is not None:  # Ray: also free the dead actors' names
             forget(self._worker_role, [w.id for w in self.workers])
@@ -62,6 +63,24 @@ class MultiTaskRolloutController(RolloutController):
             f"rollout workers respawned: servers {self.server_infos}, "
             f"{len(self._current)} adapter(s) loaded"
         )
+
+    def fail_in_flight(self, reason: str) -> int:
+        """Fail every episode a worker holds: a lost worker never calls back,
+        and AReaL would wait ``rollout.request_timeout`` for it. The episodes
+        come back as failed, so their rollouts are redone at the same version.
+        Returns how many were failed."""
+        with self._futures_lock:
+            futures = list(self._pending_futures.values())
+            self._pending_futures.clear()
+        error = ConnectionError(reason)
+
+        def fail(future) -> None:
+            if not future.done():
+                future.set_exception(error)
+
+        for future in futures:
+            future.get_loop().call_soon_threadsafe(fail, future)
+        return len(futures)
 
     def _adapter_rpc(self, method: str, task: str, version: int, path: str | Path):
         if not self.push:
@@ -182,7 +201,9 @@ class WorkerServers:
             gone = self.controller._collective_rpc("server_exited")
         except Exception as e:  # a lost worker: its server is gone with it
             self.lost = True
-            return f"rollout worker unreachable: {type(e).__name__}: {e}"
+            reason = f"rollout worker unreachable: {type(e).__name__}: {e}"
+            self.controller.fail_in_flight(reason)
+            return reason
         return next(filter(None, gone), None)
 
     def healthy(self, timeout: float) -> bool:

@@ -211,12 +211,32 @@ class SupervisedRollout:
         return getattr(self.backend, name)
 
     def register_task(self, task: str, version: int, path) -> None:
-        self.supervisor.wait_ready()
-        self.backend.register_task(task, version, path)
+        self._across_a_restart(self.backend.register_task, task, version, path)
 
     def publish(self, task: str, version: int, path, *args, **kwargs):
-        self.supervisor.wait_ready()
-        return self.backend.publish(task, version, path, *args, **kwargs)
+        return self._across_a_restart(
+            self.backend.publish, task, version, path, *args, **kwargs
+        )
+
+    def _across_a_restart(self, call, *args, **kwargs):
+        """``call`` once the server is ready; if it fails because the server
+        went down under it (a lost rollout worker, a dead server), once more on
+        the restarted one: the restart reloaded what was served before, so the
+        call is still needed, and the task did nothing wrong."""
+        sup = self.supervisor
+        sup.wait_ready()
+        generation = sup.generation
+        try:
+            return call(*args, **kwargs)
+        except Exception as e:
+            self._settle(generation)
+            if sup.generation == generation:
+                raise  # the server is healthy: the call failed for its own reason
+            logger.warning(
+                f"{getattr(call, '__name__', call)}{args[:2]} overlapped a restart "
+                f"of {sup.server.address} ({type(e).__name__}); calling it again"
+            )
+            return call(*args, **kwargs)
 
     def reload(self) -> int:
         """Every task's served adapter onto the (restarted) server."""
@@ -244,13 +264,15 @@ class SupervisedRollout:
         return out
 
     def _settle(self, generation: int) -> None:
-        """After failed episodes: if the server is at fault, wait until the
+        """After failed work: if the server is at fault, wait until the
         supervisor has restarted it, so the retry does not fail the same way."""
         sup = self.supervisor
         deadline = time.monotonic() + sup.cfg.restart_wait_s
         while sup.generation == generation and not sup.failed:
-            if sup.check() is None:
-                return  # healthy: the episodes failed for their own reasons
+            # Healthy, and not mid-restart (a restarted server answers before
+            # the restart is counted): the work failed for its own reasons.
+            if sup.check() is None and sup.ready() and sup.generation == generation:
+                return
             if time.monotonic() > deadline:
                 raise ServerUnavailableError(
                     f"rollout server {sup.server.address} unhealthy for "

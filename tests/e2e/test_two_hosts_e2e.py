@@ -212,3 +212,58 @@ def test_service_across_two_hosts_trains_and_chats_on_host_2(two_hosts):
     pushes = [e for e in read_jsonl(run / "events.jsonl") if e.get("transfer")]
     assert {e["version"] for e in pushes} == {0, 1, 2}, pushes
     assert all(e["served_sha256"] == [e["sha256"]] for e in pushes)
+
+
+def test_losing_host_2_is_a_server_fault_and_the_run_resumes_on_its_new_node(
+    two_hosts,
+):
+    hosts = two_hosts
+    worker = {"cpus": 2, "memory_gib": 3}
+    hosts.start_ray(head={"cpus": 1, "memory_gib": 6}, worker=worker)
+    args = [a.replace("total_steps=2", "total_steps=4") for a in argv(hosts, "lost")]
+    # As for any server fault, work it cut is redone at the same version.
+    args.append("scheduler.task_retries=2")
+    run = hosts.root / "marlaas-quickstart" / "lost"
+    log = hosts.root / "driver.log"
+    with open(log, "w") as out:
+        proc = hosts.h1.popen(*train_cmd(args), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 900
+        while (
+            not (run / "steps.jsonl").is_file()
+            or len(read_jsonl(run / "steps.jsonl")) < 2
+        ):
+            assert proc.poll() is None, log.read_text()[-5000:]
+            assert time.monotonic() < deadline, log.read_text()[-5000:]
+            time.sleep(1)
+        before = {
+            f: folder_digest(f) for f in sorted(run.glob("tasks/*/adapters/v[1-9]*"))
+        }
+        hosts.lose(hosts.h2)  # host 2 dies mid-run with its node and server
+        time.sleep(10)
+        hosts.start_node(hosts.h2, worker)  # and comes back
+        proc.wait(1200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert proc.returncode == 0, text[-5000:]
+    faults = [e for e in read_jsonl(run / "events.jsonl") if e.get("fault")]
+    assert faults and faults[-1]["fault"] == "server_restart", faults
+    assert faults[-1]["ok"] is True, faults
+    assert "rollout worker unreachable" in faults[0]["reason"], faults
+    print(
+        "restarts:",
+        json.dumps(
+            [
+                {k: f.get(k) for k in ("ok", "detect_s", "restart_s", "reload_s")}
+                for f in faults
+            ]
+        ),
+    )
+    steps = read_jsonl(run / "steps.jsonl")
+    for task in TASKS:
+        assert [s["version"] for s in steps if s["task"] == task] == [1, 2, 3, 4]
+    # Versions committed before the loss are untouched (those retention kept).
+    kept = {f: d for f, d in before.items() if f.is_dir()}
+    assert kept and all(folder_digest(f) == d for f, d in kept.items()), before

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pickle
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -379,6 +380,11 @@ class FakeController:
         ]
         self.exit = [None, None]
         self.calls: list[str] = []
+        self.failed: list[str] = []  # fail_in_flight's reasons
+
+    def fail_in_flight(self, reason: str) -> int:
+        self.failed.append(reason)
+        return 0
 
     def _collective_rpc(self, method, **kwargs):
         self.calls.append(method)
@@ -425,7 +431,44 @@ def test_a_lost_rollout_worker_is_a_server_fault():
         def _collective_rpc(self, method, **kwargs):
             raise RuntimeError("actor died")
 
-    assert "rollout worker unreachable" in WorkerServers(Lost()).exited()
+    controller = Lost()
+    assert "rollout worker unreachable" in WorkerServers(controller).exited()
+    # What the dead worker held will never call back: failed at once.
+    assert len(controller.failed) == 1
+
+
+def test_episodes_on_a_lost_worker_fail_at_once_instead_of_waiting_out_the_timeout():
+    """The controller's own futures, awaited on their own loop the way AReaL's
+    dispatcher awaits a worker's callback."""
+    import asyncio
+    import threading
+
+    from areal_marlaas.rollout.controller import MultiTaskRolloutController
+
+    controller = MultiTaskRolloutController.__new__(MultiTaskRolloutController)
+    controller._futures_lock = threading.Lock()
+    controller._pending_futures = {}
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def wait(task_id: int):
+        future = loop.create_future()
+        with controller._futures_lock:
+            controller._pending_futures[task_id] = future
+        try:
+            await asyncio.wait_for(future, timeout=60)
+        except ConnectionError as e:
+            return str(e)
+        return "called back"
+
+    waits = [asyncio.run_coroutine_threadsafe(wait(i), loop) for i in range(3)]
+    deadline = time.monotonic() + 10
+    while len(controller._pending_futures) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert controller.fail_in_flight("node lost") == 3
+    assert [w.result(timeout=5) for w in waits] == ["node lost"] * 3
+    assert controller._pending_futures == {}
+    loop.call_soon_threadsafe(loop.stop)
 
 
 def test_a_lost_rollout_worker_is_respawned_not_restarted():

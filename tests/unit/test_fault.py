@@ -280,6 +280,37 @@ def test_rollout_overlapping_a_restart_is_refused_for_retry(supervised):
     assert rollout.rollout_task([1]) == [{"row": 1}]  # the retry goes through
 
 
+def test_publish_cut_by_a_server_death_goes_through_after_the_restart(supervised):
+    server, sup, rollout, backend = supervised
+    calls = []
+
+    def publish(task, version, path):
+        calls.append(version)
+        if len(calls) == 1:  # the server dies under the first try
+            pid = server.child_pids()[0]
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not alive(pid), 10)
+            raise ConnectionError("worker died")
+        backend.register_task(task, version, path)
+
+    backend.publish = publish
+    rollout.publish("a", 2, "/x/a/v2")
+    assert calls == [2, 2] and sup.generation == 1
+    assert backend.served()["a"] == (2, "/x/a/v2")
+
+
+def test_publish_failing_on_a_healthy_server_raises_its_error(supervised):
+    server, sup, rollout, backend = supervised
+
+    def publish(task, version, path):
+        raise FileNotFoundError(path)
+
+    backend.publish = publish
+    with pytest.raises(FileNotFoundError, match="v2"):
+        rollout.publish("a", 2, "/x/a/v2")
+    assert sup.generation == 0
+
+
 def test_supervisor_gives_up_after_the_restart_limit(tmp_path):
     server = StandInServer(tmp_path)
     server.start()
