@@ -23,23 +23,11 @@ from typing import Any
 
 from areal.utils import logging
 
+from areal_marlaas.bench import learning_report
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
-from areal_marlaas.rundir.reader import rewards_of
 from areal_marlaas.trajectory import failure_reason
 
 logger = logging.getLogger("MARLaaSLearning")
-
-# Two-sided 97.5% Student t quantiles (95% CI over seeds).
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 9: 2.262}
-
-
-def mean_ci(xs: list[float]) -> dict[str, float | None]:
-    """Mean, sample sd and the 95% t-interval half-width over ``xs``."""
-    n = len(xs)
-    mean = statistics.fmean(xs)
-    sd = statistics.stdev(xs) if n > 1 else None
-    half = _T975.get(n - 1, 1.96) * sd / math.sqrt(n) if sd is not None else None
-    return {"mean": mean, "sd": sd, "ci95": half, "n": n}
 
 
 def prompt_ci(per_prompt: list[float]) -> float:
@@ -94,8 +82,12 @@ class LearningBench:
         steps: int,
         eval_prompts: int,
         eval_samples: int,
+        eval_every: int = 2,
+        target_fraction: float = 0.5,
+        command: str = "",
     ):
         self.cfg = cfg
+        self.command = command  # as the user typed it, for the results
         self.base_yaml = base_yaml
         self.overrides = [
             o for o in overrides if not o.lstrip("+~").startswith(("tasks.", "tasks="))
@@ -105,13 +97,23 @@ class LearningBench:
         self.steps = steps
         self.eval_prompts = eval_prompts
         self.eval_samples = eval_samples
+        self.eval_every = eval_every
+        self.target_fraction = target_fraction
         self.work = Path(cfg.cluster.fileroot) / f"{cfg.experiment_name}-learning"
         self.server = None
 
     # -- runs -------------------------------------------------------------------
     def tasks_for(self, seed: int) -> list[TaskSpec]:
+        """The tasks of one seed: a held-out eval (``eval_prompts`` rows, one
+        sample each) every ``eval_every`` versions and after the last."""
         return [
-            dataclasses.replace(t, seed=t.seed + seed, total_steps=self.steps)
+            dataclasses.replace(
+                t,
+                seed=t.seed + seed,
+                total_steps=self.steps,
+                eval_interval=self.eval_every,
+                eval_samples=self.eval_prompts,
+            )
             for t in self.cfg.tasks
         ]
 
@@ -132,10 +134,12 @@ class LearningBench:
                 f"cluster.fileroot={self.work}",
                 f"server.addresses=['{self.address}']",
                 "scheduler.type=null",
+                "fault.keep_adapters=0",  # v0 is the base every curve starts at
             ],
         )
         log = self.work / f"{label}.log"
         t0 = time.monotonic()
+        started = time.time()  # the eval records' clock
         with open(log, "wb") as out:
             rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
         run_dir = self.work / self.cfg.experiment_name / label
@@ -146,6 +150,7 @@ class LearningBench:
         print(f"[learning] {label}: rc {rc}, {time.monotonic() - t0:.0f}s", flush=True)
         return {
             "run_dir": str(run_dir),
+            "t0": started,
             "wall_s": time.monotonic() - t0,
             "tasks": {
                 n: {k: t.get(k) for k in ("status", "steps", "error")}
@@ -154,15 +159,19 @@ class LearningBench:
         }
 
     # -- evaluation -------------------------------------------------------------
-    def evaluate(self, engine, task: TaskSpec, adapter: Path, rows, tag: str):
-        """Mean reward (accuracy) over ``rows`` x ``eval_samples`` samples."""
+    def evaluate(
+        self, engine, task: TaskSpec, adapter: Path, rows, tag: str, samples=None
+    ):
+        """Mean reward (accuracy) over ``rows`` x ``samples`` samples (default
+        ``eval_samples``)."""
         from areal_marlaas.workflows import task_workflow
 
         name = f"ev{tag}"
         engine.register_task(name, 0, adapter)
         spec = dataclasses.replace(task, name=name)
         workflow, kwargs = task_workflow(spec, self.cfg.tokenizer_path)
-        out = engine.rollout_task(rows, workflow, kwargs, self.eval_samples)
+        group = self.eval_samples if samples is None else samples
+        out = engine.rollout_task(rows, workflow, kwargs, group)
         per_prompt, failed = [], 0
         for traj in out:
             if traj is None or failure_reason(traj) is not None:
@@ -171,25 +180,103 @@ class LearningBench:
             per_prompt.append(float(traj["rewards"].float().mean()))
         engine.remove_task(name)
         acc = statistics.fmean(per_prompt) if per_prompt else float("nan")
+        mixed = sum(0 < p < 1 for p in per_prompt)
         return {
             "accuracy": acc,
             "ci95_prompts": prompt_ci(per_prompt),
             "prompts": len(per_prompt),
             "failed": failed,
+            # Prompts whose samples disagree: a GRPO group with an advantage.
+            "mixed_share": mixed / len(per_prompt) if per_prompt else float("nan"),
         }
 
-    # -- the whole thing ----------------------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def provenance(self) -> dict[str, str]:
+        from areal_marlaas.bench.machine import describe, machine
+
+        return {"command": self.command, "machine": describe(machine())}
+
+    # -- which tasks can learn ------------------------------------------------------
+    def probe(self) -> dict[str, Any]:
+        """The base model on each task's *training* prompts (the test split stays
+        unseen): accuracy, and the share of prompts whose samples disagree, the
+        groups where GRPO has an advantage to learn from. Writes ``base.json``
+        and ``base.md``."""
         from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
+        from areal_marlaas.rollout.gate import without_global_staleness_gate
         from areal_marlaas.rollout.server import VLLMServer
         from areal_marlaas.tasks import load_task_rows
 
         self.work.mkdir(parents=True, exist_ok=True)
-        evals = {
-            t.name: load_task_rows(eval_spec(t))[: self.eval_prompts]
+        server_cfg = dataclasses.replace(self.cfg.server, addresses=[], port=0)
+        self.server = VLLMServer(
+            self.cfg.vllm.model, self.cfg.vllm, server_cfg, self.work / "vllm.log"
+        )
+        self.address = self.server.start()
+        out: dict[str, Any] = {}
+        try:
+            # A fresh LoRA (B = 0) is the base model: one 1-step run makes one.
+            first = dataclasses.replace(self.cfg.tasks[0], total_steps=1)
+            run = self.train("probe", [first])
+            v0 = Path(run["run_dir"]) / "tasks" / first.name / "adapters" / "v0"
+            engine = MultiLoRAvLLMEngine(
+                without_global_staleness_gate(self.cfg.rollout)
+            )
+            engine.initialize(addr=[self.address], train_data_parallel_size=1)
+            try:
+                for i, task in enumerate(self.cfg.tasks):
+                    spec = dataclasses.replace(task, seed=0)
+                    rows = load_task_rows(spec)[: self.eval_prompts]
+                    t0 = time.monotonic()
+                    r = self.evaluate(engine, task, v0, rows, f"p{i}")
+                    out[task.name] = {
+                        **r,
+                        "seconds": time.monotonic() - t0,
+                        "task": _describe(task),
+                    }
+                    logger.info(f"base {task.name}: {json.dumps(r)}")
+            finally:
+                engine.destroy()
+        finally:
+            self.server.stop()
+        result = {
+            **self.provenance(),
+            "eval_prompts": self.eval_prompts,
+            "eval_samples": self.eval_samples,
+            "tasks": out,
+        }
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "base.json").write_text(json.dumps(result, indent=1))
+        (self.out / "base.md").write_text(learning_report.format_probe(result))
+        return result
+
+    # -- the whole thing ----------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Per seed: each task alone (one after another: the sequential
+        baseline), then all together; a held-out eval every ``eval_every``
+        versions in every run; the base (v0) scored on the same eval rows."""
+        from transformers import AutoTokenizer
+
+        from areal_marlaas.bench.learning_analysis import (
+            alone_label,
+            analyse,
+            audit,
+            together_label,
+        )
+        from areal_marlaas.rollout.server import VLLMServer
+        from areal_marlaas.rundir.reader import read_jsonl
+        from areal_marlaas.tasks import load_eval_rows
+
+        self.work.mkdir(parents=True, exist_ok=True)
+        tokenizer = AutoTokenizer.from_pretrained(self.cfg.tokenizer_path)
+        # Every seed's eval rows, drawn as its runs draw them.
+        eval_rows = {
+            seed: {t.name: load_eval_rows(t, tokenizer) for t in self.tasks_for(seed)}
+            for seed in self.seeds
+        }
+        overlaps = {
+            t.name: sum(overlap(t, eval_rows[s][t.name]) for s in self.seeds)
             for t in self.cfg.tasks
         }
-        overlaps = {t.name: overlap(t, evals[t.name]) for t in self.cfg.tasks}
         for name, n in overlaps.items():
             if n:
                 raise ValueError(
@@ -206,74 +293,61 @@ class LearningBench:
             for seed in self.seeds:
                 tasks = self.tasks_for(seed)
                 for t in tasks:
-                    runs[f"s{seed}-alone-{t.name}"] = self.train(
-                        f"s{seed}-alone-{t.name}", [t]
-                    )
-                runs[f"s{seed}-together"] = self.train(f"s{seed}-together", tasks)
-            results = self.evaluate_all(runs, evals, MultiLoRAvLLMEngine)
+                    label = alone_label(seed, t.name)
+                    runs[label] = self.train(label, [t])
+                runs[together_label(seed)] = self.train(together_label(seed), tasks)
+            bases = self.evaluate_bases(runs, eval_rows)
         finally:
             self.server.stop()
+        for r in runs.values():
+            r["evals"] = read_jsonl(Path(r["run_dir"]) / "evals.jsonl")
+            r["steps"] = read_jsonl(Path(r["run_dir"]) / "steps.jsonl")
+        names = [t.name for t in self.cfg.tasks]
+        analysis = analyse(names, self.seeds, runs, bases, self.target_fraction)
+        limit = self.cfg.audit.limit(self.cfg.vllm.dtype, self.cfg.actor.dtype)
         result = {
+            **self.provenance(),
             "seeds": self.seeds,
             "steps": self.steps,
+            "eval_every": self.eval_every,
             "eval_prompts": self.eval_prompts,
-            "eval_samples": self.eval_samples,
+            "target_fraction": self.target_fraction,
             "held_out_overlap": overlaps,
             "tasks": {t.name: _describe(t) for t in self.cfg.tasks},
-            "runs": runs,
-            "results": results,
-            "curves": {
-                label: {
-                    n: rewards_of(r["run_dir"], n)
-                    for n in r["tasks"]
-                    if r["tasks"][n]["status"] == "done"
-                }
+            "bases": bases,
+            "runs": {
+                label: {k: v for k, v in r.items() if k not in ("evals", "steps")}
                 for label, r in runs.items()
             },
+            "audit": audit([s for r in runs.values() for s in r["steps"]], limit),
+            **analysis,
         }
-        write(result, self.out)
+        learning_report.write(result, self.out)
         return result
 
-    def evaluate_all(self, runs, evals, engine_cls) -> dict[str, Any]:
+    def evaluate_bases(self, runs, eval_rows) -> dict[int, dict[str, float]]:
+        """The base model (each task's v0: a fresh LoRA, B = 0) on each seed's
+        eval rows, one sample each, as the runs' evals score their versions."""
+        from areal_marlaas.bench.learning_analysis import alone_label
+        from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
         from areal_marlaas.rollout.gate import without_global_staleness_gate
 
-        engine = engine_cls(without_global_staleness_gate(self.cfg.rollout))
+        engine = MultiLoRAvLLMEngine(without_global_staleness_gate(self.cfg.rollout))
         engine.initialize(addr=[self.address], train_data_parallel_size=1)
-        out: dict[str, Any] = {}
+        bases: dict[int, dict[str, float]] = {}
         try:
-            for i, task in enumerate(self.cfg.tasks):
-                rows = evals[task.name]
-                first = runs[f"s{self.seeds[0]}-alone-{task.name}"]["run_dir"]
-                v0 = Path(first) / "tasks" / task.name / "adapters" / "v0"
-                base = self.evaluate(engine, task, v0, rows, f"{i}b")
-                entry: dict[str, Any] = {"base": base}
-                for cond in ("alone", "together"):
-                    per_seed = []
-                    for seed in self.seeds:
-                        label = (
-                            f"s{seed}-alone-{task.name}"
-                            if cond == "alone"
-                            else f"s{seed}-together"
-                        )
-                        run = Path(runs[label]["run_dir"])
-                        state = json.loads(
-                            (run / "tasks" / task.name / "state.json").read_text()
-                        )
-                        adapter = Path(state["adapter"])
-                        tag = f"{i}{cond[0]}{seed}"
-                        r = self.evaluate(engine, task, adapter, rows, tag)
-                        per_seed.append(
-                            {"seed": seed, "version": state["version"], **r}
-                        )
-                    entry[cond] = {
-                        "per_seed": per_seed,
-                        **mean_ci([p["accuracy"] for p in per_seed]),
-                    }
-                out[task.name] = entry
-                logger.info(f"evaluated {task.name}: {json.dumps(entry)[:300]}")
+            for seed in self.seeds:
+                bases[seed] = {}
+                for i, task in enumerate(self.tasks_for(seed)):
+                    run = Path(runs[alone_label(seed, task.name)]["run_dir"])
+                    v0 = run / "tasks" / task.name / "adapters" / "v0"
+                    rows = eval_rows[seed][task.name]
+                    r = self.evaluate(engine, task, v0, rows, f"b{seed}x{i}", 1)
+                    bases[seed][task.name] = r["accuracy"]
+                    logger.info(f"base {task.name} seed {seed}: {json.dumps(r)}")
         finally:
             engine.destroy()
-        return out
+        return bases
 
 
 def _describe(t: TaskSpec) -> dict[str, Any]:
@@ -287,81 +361,3 @@ def _describe(t: TaskSpec) -> dict[str, Any]:
         "lr": t.lr,
         "temperature": t.temperature,
     }
-
-
-def format_markdown(result: dict[str, Any]) -> str:
-    lines = [
-        "# Held-out learning",
-        "",
-        f"Each task trained {result['steps']} GRPO steps, alone and among the other "
-        f"tasks, for seeds {result['seeds']}; held-out accuracy = mean reward over "
-        f"{result['eval_prompts']} held-out prompts x {result['eval_samples']} "
-        "samples (exact prompt overlap with the training split: "
-        f"{result['held_out_overlap']}). Seed columns: mean +- sd [95% t-CI over "
-        "seeds]; base: +- the 95% CI over prompts.",
-        "",
-        "| task | base (v0) | alone, after | together, after "
-        "| per seed alone / together |",
-        "|---|---|---|---|---|",
-    ]
-    for name, e in result["results"].items():
-        b = e["base"]
-
-        def cell(c):
-            sd = "-" if c["sd"] is None else f"{c['sd']:.3f}"
-            ci = "-" if c["ci95"] is None else f"{c['ci95']:.3f}"
-            return f"{c['mean']:.3f} +- {sd} [+-{ci}]"
-
-        seeds = " / ".join(
-            ", ".join(f"{p['accuracy']:.3f}" for p in e[c]["per_seed"])
-            for c in ("alone", "together")
-        )
-        lines.append(
-            f"| {name} | {b['accuracy']:.3f} +- {b['ci95_prompts']:.3f} | "
-            f"{cell(e['alone'])} | {cell(e['together'])} | {seeds} |"
-        )
-    lines += ["", "![held-out accuracy](learning.png)", ""]
-    return "\n".join(lines)
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(result["results"])
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.27
-    for j, (cond, label) in enumerate(
-        (("base", "base (v0)"), ("alone", "alone"), ("together", "among tenants"))
-    ):
-        means, errs = [], []
-        for n in names:
-            e = result["results"][n][cond]
-            if cond == "base":
-                means.append(e["accuracy"])
-                errs.append(e["ci95_prompts"])
-            else:
-                means.append(e["mean"])
-                errs.append(e["ci95"] or 0)
-        xs = [i + (j - 1) * width for i in range(len(names))]
-        ax.bar(xs, means, width, yerr=errs, capsize=3, label=label)
-    ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel("held-out accuracy")
-    ax.set_title(f"after {result['steps']} GRPO steps, seeds {result['seeds']}")
-    ax.legend()
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def write(result: dict[str, Any], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "learning.json").write_text(json.dumps(result, indent=1))
-    (out / "learning.md").write_text(format_markdown(result))
-    try:
-        plot(result, out / "learning.png")
-    except Exception as e:  # the numbers are written either way
-        logger.error(f"plotting failed: {e}")

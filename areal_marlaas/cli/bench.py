@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from areal_marlaas.cli.args import (
@@ -87,7 +88,8 @@ def _bench_learning(args: argparse.Namespace) -> int:
 
     from omegaconf import OmegaConf, open_dict
 
-    from areal_marlaas.bench.learning import LearningBench, format_markdown
+    from areal_marlaas.bench.learning import LearningBench
+    from areal_marlaas.bench.learning_report import format_markdown, format_probe
     from areal_marlaas.config import load_config
     from areal_marlaas.config.loader import compose_yaml, parse_args
 
@@ -109,7 +111,13 @@ def _bench_learning(args: argparse.Namespace) -> int:
         args.steps,
         args.eval_prompts,
         args.eval_samples,
+        eval_every=args.eval_every,
+        target_fraction=args.target_fraction,
+        command=" ".join(["marlaas", *sys.argv[1:]]),
     )
+    if args.base_only:
+        print(format_probe(bench.probe()))
+        return 0
     print(format_markdown(bench.run()))
     return 0
 
@@ -189,7 +197,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     add_config_args(p)
 
-    text = "Held-out accuracy of every task, alone and among tenants, over seeds"
+    text = (
+        "Held-out reward curves of every task, alone (one after another) and "
+        "among tenants, over seeds; gains and time to a target"
+    )
     p = add_command(sub, "bench-learning", _bench_learning, text)
     p.add_argument(
         "--out",
@@ -204,10 +215,34 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--steps", type=int, default=20, help="GRPO steps per task")
     p.add_argument(
-        "--eval-prompts", type=int, default=64, help="Held-out prompts per task"
+        "--eval-prompts",
+        type=int,
+        default=64,
+        help="Held-out prompts per eval (one sample each); with --base-only, "
+        "training prompts per task",
     )
     p.add_argument(
-        "--eval-samples", type=int, default=4, help="Samples per held-out prompt"
+        "--eval-every", type=int, default=2, help="Versions between held-out evals"
+    )
+    p.add_argument(
+        "--target-fraction",
+        type=float,
+        default=0.5,
+        help="Time to quality: the first time a task's held-out reward reaches "
+        "its base + this fraction of its mean gain alone",
+    )
+    p.add_argument(
+        "--eval-samples",
+        type=int,
+        default=4,
+        help="With --base-only: samples per prompt",
+    )
+    p.add_argument(
+        "--base-only",
+        action="store_true",
+        help="Only score the base model on each task's training prompts "
+        "(accuracy, and the share of prompts whose samples disagree): which "
+        "tasks can learn, without touching their test split",
     )
     add_config_args(p)
 
