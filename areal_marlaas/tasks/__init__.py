@@ -19,7 +19,7 @@ from areal_marlaas.tasks.gsm8k import load_gsm8k_rows
 from areal_marlaas.tasks.messages import load_messages_rows
 from areal_marlaas.tasks.records import read_records
 from areal_marlaas.tasks.search import SCORER_REWARD_FNS, load_hotpotqa_rows
-from areal_marlaas.tasks.sorting import make_sorting_rows
+from areal_marlaas.tasks.sorting import items_problem, make_sorting_rows
 
 if TYPE_CHECKING:
     from areal_marlaas.config import TaskSpec
@@ -75,12 +75,7 @@ def _sorting(spec: TaskSpec) -> list[dict]:
 
 
 def _sorting_check(ds: TaskDatasetConfig) -> str:
-    most = 10**ds.digits // 2
-    if 2 <= ds.items <= most:
-        return ""
-    return (
-        f"items must be in [2, {most}] for {ds.digits}-digit numbers, got {ds.items}."
-    )
+    return items_problem(ds.digits, ds.items)
 
 
 def _gsm8k(spec: TaskSpec) -> list[dict]:

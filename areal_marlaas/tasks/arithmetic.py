@@ -8,22 +8,21 @@ test problem is ever a training problem (nor its mirror b op a).
 
 from __future__ import annotations
 
-import hashlib
 import random
+
+from areal_marlaas.tasks.splits import check_split, in_holdout
 
 OPS = {
     "addition": ("+", lambda a, b: a + b),
     "multiplication": ("*", lambda a, b: a * b),
 }
 OP_WORDS = {"addition": "plus", "multiplication": "times"}
-SPLITS = ("train", "test")
 
 
 def held_out(op: str, a: int, b: int, holdout: float) -> bool:
     """Whether problem ``a op b`` is in the held-out (test) split."""
     lo, hi = sorted((a, b))  # both operations here commute
-    digest = hashlib.sha256(f"{op}:{lo}:{hi}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") / 2**32 < holdout
+    return in_holdout(f"{op}:{lo}:{hi}", holdout)
 
 
 def _range(digits: int) -> tuple[int, int]:
@@ -44,12 +43,7 @@ def make_arithmetic_rows(
     ``holdout`` > 0, only the problems of ``split``."""
     if op not in OPS:
         raise ValueError(f"unknown arithmetic op {op!r}; expected one of {sorted(OPS)}")
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
-    if not 0 <= holdout < 1:
-        raise ValueError(f"holdout must be in [0, 1), got {holdout}")
-    if split == "test" and holdout == 0:
-        raise ValueError("the test split needs holdout > 0 (there is none otherwise)")
+    check_split(split, holdout)
     # The original stream when nothing is split (runs stay comparable).
     plain = holdout == 0 and digits2 is None
     rng = random.Random(

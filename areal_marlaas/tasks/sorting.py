@@ -6,20 +6,26 @@ numbers, so no held-out problem is ever a training problem in any order.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 
-from areal_marlaas.tasks.arithmetic import SPLITS
+from areal_marlaas.tasks.splits import check_split, in_holdout
 
 _INT = re.compile(r"-?\d+")
 
 
 def held_out(numbers: list[int], holdout: float) -> bool:
     """Whether the problem of sorting ``numbers`` (in any order) is held out."""
-    key = ",".join(map(str, sorted(numbers)))
-    digest = hashlib.sha256(f"sort:{key}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") / 2**32 < holdout
+    return in_holdout("sort:" + ",".join(map(str, sorted(numbers))), holdout)
+
+
+def items_problem(digits: int, items: int) -> str:
+    """What is wrong with sorting ``items`` numbers of ``digits`` digits ("" =
+    nothing): at least 2, and few enough to draw distinct ones easily."""
+    most = 10**digits // 2
+    if 2 <= items <= most:
+        return ""
+    return f"items must be in [2, {most}] for {digits}-digit numbers, got {items}."
 
 
 def make_sorting_rows(
@@ -33,14 +39,10 @@ def make_sorting_rows(
     """``size`` seeded prompts "Sort these numbers from smallest to largest:
     ..." of ``items`` distinct numbers of up to ``digits`` digits; the answer is
     the sorted list, comma-separated."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
-    if not 0 <= holdout < 1:
-        raise ValueError(f"holdout must be in [0, 1), got {holdout}")
-    if split == "test" and holdout == 0:
-        raise ValueError("the test split needs holdout > 0 (there is none otherwise)")
-    if not 2 <= items <= 10**digits // 2:
-        raise ValueError(f"items must be in [2, {10**digits // 2}], got {items}")
+    check_split(split, holdout)
+    problem = items_problem(digits, items)
+    if problem:
+        raise ValueError(problem)
     rng = random.Random(f"sort:{digits}:{items}:{seed}:{split}")
     rows = []
     while len(rows) < size:
