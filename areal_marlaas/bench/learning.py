@@ -12,12 +12,14 @@ of every final adapter. Writes ``learning.json``, ``learning.md`` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import statistics
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +38,6 @@ def prompt_ci(per_prompt: list[float]) -> float:
     if n < 2:
         return float("nan")
     return 1.96 * statistics.stdev(per_prompt) / math.sqrt(n)
-
-
-def eval_spec(task: TaskSpec) -> TaskSpec:
-    if task.eval_dataset is None:
-        raise ValueError(
-            f"task {task.name!r} has no eval_dataset: bench-learning evaluates on "
-            "held-out prompts only"
-        )
-    # A fixed seed: every adapter is scored on the same held-out prompts.
-    return dataclasses.replace(task, dataset=task.eval_dataset, seed=0)
 
 
 def prompt_texts(rows: list[dict]) -> set[str]:
@@ -190,6 +182,35 @@ class LearningBench:
             "mixed_share": mixed / len(per_prompt) if per_prompt else float("nan"),
         }
 
+    @contextlib.contextmanager
+    def _server(self) -> Iterator[None]:
+        """The bench's vLLM server (at ``self.address``) while the block runs."""
+        from areal_marlaas.rollout.server import VLLMServer
+
+        self.work.mkdir(parents=True, exist_ok=True)
+        server_cfg = dataclasses.replace(self.cfg.server, addresses=[], port=0)
+        self.server = VLLMServer(
+            self.cfg.vllm.model, self.cfg.vllm, server_cfg, self.work / "vllm.log"
+        )
+        self.address = self.server.start()
+        try:
+            yield
+        finally:
+            self.server.stop()
+
+    @contextlib.contextmanager
+    def _engine(self) -> Iterator[Any]:
+        """A multi-LoRA engine on the bench's server, for scoring adapters."""
+        from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
+        from areal_marlaas.rollout.gate import without_global_staleness_gate
+
+        engine = MultiLoRAvLLMEngine(without_global_staleness_gate(self.cfg.rollout))
+        engine.initialize(addr=[self.address], train_data_parallel_size=1)
+        try:
+            yield engine
+        finally:
+            engine.destroy()
+
     def provenance(self) -> dict[str, str]:
         from areal_marlaas.bench.machine import describe, machine
 
@@ -201,28 +222,15 @@ class LearningBench:
         unseen): accuracy, and the share of prompts whose samples disagree, the
         groups where GRPO has an advantage to learn from. Writes ``base.json``
         and ``base.md``."""
-        from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
-        from areal_marlaas.rollout.gate import without_global_staleness_gate
-        from areal_marlaas.rollout.server import VLLMServer
         from areal_marlaas.tasks import load_task_rows
 
-        self.work.mkdir(parents=True, exist_ok=True)
-        server_cfg = dataclasses.replace(self.cfg.server, addresses=[], port=0)
-        self.server = VLLMServer(
-            self.cfg.vllm.model, self.cfg.vllm, server_cfg, self.work / "vllm.log"
-        )
-        self.address = self.server.start()
         out: dict[str, Any] = {}
-        try:
+        with self._server():
             # A fresh LoRA (B = 0) is the base model: one 1-step run makes one.
             first = dataclasses.replace(self.cfg.tasks[0], total_steps=1)
             run = self.train("probe", [first])
             v0 = Path(run["run_dir"]) / "tasks" / first.name / "adapters" / "v0"
-            engine = MultiLoRAvLLMEngine(
-                without_global_staleness_gate(self.cfg.rollout)
-            )
-            engine.initialize(addr=[self.address], train_data_parallel_size=1)
-            try:
+            with self._engine() as engine:
                 for i, task in enumerate(self.cfg.tasks):
                     spec = dataclasses.replace(task, seed=0)
                     rows = load_task_rows(spec)[: self.eval_prompts]
@@ -234,10 +242,6 @@ class LearningBench:
                         "task": _describe(task),
                     }
                     logger.info(f"base {task.name}: {json.dumps(r)}")
-            finally:
-                engine.destroy()
-        finally:
-            self.server.stop()
         result = {
             **self.provenance(),
             "eval_prompts": self.eval_prompts,
@@ -262,11 +266,9 @@ class LearningBench:
             audit,
             together_label,
         )
-        from areal_marlaas.rollout.server import VLLMServer
         from areal_marlaas.rundir.reader import read_jsonl
         from areal_marlaas.tasks import load_eval_rows
 
-        self.work.mkdir(parents=True, exist_ok=True)
         tokenizer = AutoTokenizer.from_pretrained(self.cfg.tokenizer_path)
         # Every seed's eval rows, drawn as its runs draw them.
         eval_rows = {
@@ -283,13 +285,8 @@ class LearningBench:
                     f"task {name}: {n} held-out prompts occur in its training set; "
                     "its eval_dataset is not held out"
                 )
-        server_cfg = dataclasses.replace(self.cfg.server, addresses=[], port=0)
-        self.server = VLLMServer(
-            self.cfg.vllm.model, self.cfg.vllm, server_cfg, self.work / "vllm.log"
-        )
-        self.address = self.server.start()
         runs: dict[str, dict[str, Any]] = {}
-        try:
+        with self._server():
             for seed in self.seeds:
                 tasks = self.tasks_for(seed)
                 for t in tasks:
@@ -297,8 +294,6 @@ class LearningBench:
                     runs[label] = self.train(label, [t])
                 runs[together_label(seed)] = self.train(together_label(seed), tasks)
             bases = self.evaluate_bases(runs, eval_rows)
-        finally:
-            self.server.stop()
         for r in runs.values():
             r["evals"] = read_jsonl(Path(r["run_dir"]) / "evals.jsonl")
             r["steps"] = read_jsonl(Path(r["run_dir"]) / "steps.jsonl")
@@ -329,13 +324,9 @@ class LearningBench:
         """The base model (each task's v0: a fresh LoRA, B = 0) on each seed's
         eval rows, one sample each, as the runs' evals score their versions."""
         from areal_marlaas.bench.learning_analysis import alone_label
-        from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
-        from areal_marlaas.rollout.gate import without_global_staleness_gate
 
-        engine = MultiLoRAvLLMEngine(without_global_staleness_gate(self.cfg.rollout))
-        engine.initialize(addr=[self.address], train_data_parallel_size=1)
         bases: dict[int, dict[str, float]] = {}
-        try:
+        with self._engine() as engine:
             for seed in self.seeds:
                 bases[seed] = {}
                 for i, task in enumerate(self.tasks_for(seed)):
@@ -345,8 +336,6 @@ class LearningBench:
                     r = self.evaluate(engine, task, v0, rows, f"b{seed}x{i}", 1)
                     bases[seed][task.name] = r["accuracy"]
                     logger.info(f"base {task.name} seed {seed}: {json.dumps(r)}")
-        finally:
-            engine.destroy()
         return bases
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from areal.utils import logging
 
+from areal_marlaas.fmt import fmt
+
 logger = logging.getLogger("MARLaaSLearning")
 
 
@@ -17,10 +19,6 @@ def _ci(c: dict[str, Any], digits: int = 3) -> str:
         return "-"
     half = "-" if c.get("ci95") is None else f"{c['ci95']:.{digits}f}"
     return f"{c['mean']:.{digits}f} [+-{half}]"
-
-
-def _s(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0f}"
 
 
 def _provenance(result: dict[str, Any]) -> list[str]:
@@ -69,10 +67,10 @@ def format_markdown(result: dict[str, Any]) -> str:
     ]
     for name, row in timing["time_to_target"].items():
         for p in row["per_seed"]:
-            bar = "-" if p["target"] is None else f"{p['target']:.3f}"
             lines.append(
-                f"| {name} | {p['seed']} | {bar} | {_s(p['together_s'])} | "
-                f"{_s(p['sequential_s'])} | {_s(p['sequential_any_order_s'])} |"
+                f"| {name} | {p['seed']} | {fmt(p['target'], 3)} | "
+                f"{fmt(p['together_s'], 0)} | {fmt(p['sequential_s'], 0)} | "
+                f"{fmt(p['sequential_any_order_s'], 0)} |"
             )
     lines += [
         "",
