@@ -333,16 +333,13 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
         version: int,
         path: str | Path,
         on_retired: Callable[[str], None] | None = None,
-        files: staging.Files | None = None,
     ) -> Future[str | None]:
-        """Serve ``<task>-v<version>`` from ``path`` to all new requests of ``task``
-        (with ``files``, written at ``path`` on this node first).
+        """Serve ``<task>-v<version>`` from ``path`` to all new requests of ``task``.
 
         Returns once the new name is live; the old name is unloaded in the
         background after its in-flight requests finish (the returned future
         resolves to the retired name). Other tasks are never paused.
         """
-        self._stage(task, version, path, files)
         with self._adapter_lock:
             self.load_adapter(task, version, path)
             old = self.adapters.set_current(task, version, str(path))
@@ -375,8 +372,9 @@ class MultiLoRARemoteInfEngine(RemoteInfEngine):
     ) -> str | None:
         """``publish`` for RPC callers: returns once the new name is live (the
         digest of the pushed files as this node holds them, if pushed)."""
-        self.publish(task, version, path, files=files)
-        return staging.read_digest(path) if files is not None else None
+        served = self._stage(task, version, path, files)
+        self.publish(task, version, path)
+        return served
 
     def remove_task(self, task: str) -> None:
         """The task left (finished, cancelled, failed): unload its adapter once
