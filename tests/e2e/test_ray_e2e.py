@@ -1,8 +1,8 @@
 """``scheduler.type=ray`` end to end, as CI runs it (``make test-ray``): the
 quickstart on a local Ray head (the run-dir contract, Ray's state API, and
-adapters byte-identical to an in-process run), two logical Ray nodes with the
-trainer and the rollout worker (and its own vLLM server) on different nodes,
-and the job service with its trainer under Ray."""
+adapters byte-identical to an in-process run) and two trainer workers. The
+trainer and the rollout worker on different nodes, and the job service under
+Ray, run across two real hosts (test_two_hosts_e2e.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from areal_marlaas.rollout.server import free_port
-from tests.conftest import REPO
 
 from .test_fault_e2e import contents
 from .test_train_e2e import check_run_dir, small_run
@@ -172,49 +171,6 @@ def test_quickstart_on_a_local_ray_head_matches_an_in_process_run(
     )
 
 
-def test_two_ray_nodes_trainer_and_rollout_on_different_nodes(tmp_path, monkeypatch):
-    monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
-    cluster, head = ray_cluster(cpus=1, memory_gib=3)
-    try:
-        cluster.add_node(num_cpus=1, num_gpus=0, memory=3 * GIB)
-        cluster.wait_for_nodes()
-        nodes = {n.node_id for n in state("nodes", head) if n.state == "ALIVE"}
-        assert len(nodes) == 2
-        # configs/ray.yaml: the rollout worker launches its vLLM server on its
-        # own node, bound to every interface, advertised at the node's IP.
-        argv = ["--config", str(REPO / "configs" / "ray.yaml")]
-        argv += [f"cluster.fileroot={tmp_path}", "trial_name=two"]
-        argv += [f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}"]
-        argv += ["actor.scheduling_spec.0.mem=2"]
-        for i in range(3):  # one step each: the contract is the first test's
-            argv += [f"tasks.{i}.total_steps=1", f"tasks.{i}.batch_size=2"]
-            argv += [f"tasks.{i}.n_samples=2", f"tasks.{i}.max_new_tokens=24"]
-
-        proc, wall = marlaas_train(argv, head.env())
-
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        created = workers(head)
-        assert set(created) == {"actor/0", "rollout/0"}, created
-        trainer, rollout = created["actor/0"].node_id, created["rollout/0"].node_id
-        assert trainer != rollout and {trainer, rollout} == nodes
-        run = tmp_path / "marlaas-quickstart" / "two"
-        summary = json.loads((run / "summary.json").read_text())
-        assert {
-            t: (s["status"], s["final_version"]) for t, s in summary["tasks"].items()
-        } == {t: ("done", 1) for t in ("add2", "mul1", "add1")}
-        assert len(adapters_of(run)) == 3 * 2
-        logs = list(run.glob("vllm_server-*.log"))  # launched by the worker
-        assert len(logs) == 1 and "0.0.0.0" not in logs[0].name, logs
-        groups = state("placement_groups", head)
-        assert groups and all(g.state == "REMOVED" for g in groups)
-        print(
-            f"two nodes: trainer on {trainer[:8]}, rollout + server on "
-            f"{rollout[:8]} ({logs[0].name}); {wall:.1f}s"
-        )
-    finally:
-        cluster.shutdown()
-
-
 def test_two_trainer_workers_under_ray(tmp_path, vllm_server, monkeypatch):
     """scheduler.trainers=2: two trainer roles (actor, actor1), each its own Ray
     actor and placement group, each task trained on the worker it was placed
@@ -242,51 +198,3 @@ def test_two_trainer_workers_under_ray(tmp_path, vllm_server, monkeypatch):
         print(f"two trainer workers under Ray: {wall:.1f}s")
     finally:
         cluster.shutdown()
-
-
-def test_job_service_with_its_trainer_under_ray(tmp_path, ray_head, monkeypatch):
-    from tests.service_live import (
-        BASE,
-        STRING_CHECK,
-        LiveService,
-        lines,
-        method,
-        wait_all,
-    )
-
-    monkeypatch.setenv("RAY_ADDRESS", ray_head.address)
-    live = LiveService(
-        tmp_path / "svc",
-        [
-            "scheduler.type=ray",
-            *SMALL,
-            f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}",
-            "service.max_new_tokens=16",
-            "service.max_prompt_tokens=96",
-            "service.poll_interval_s=0.3",
-        ],
-    )
-    client = live.add_tenant("acme")
-    live.start()
-    try:
-        running = workers(ray_head)
-        assert set(running) == {"actor/0", "rollout/0"}, running
-        assert all(a.state == "ALIVE" for a in running.values())
-        f = client.files.create(file=("a.jsonl", lines(4, 1)), purpose="fine-tune")
-        job = client.fine_tuning.jobs.create(
-            model=BASE, training_file=f.id, method=method(STRING_CHECK)
-        )
-        done = wait_all(client, [job.id], 900)[job.id]
-        assert done.status == "succeeded", (done, live.tail())
-        assert done.steps_done == 2  # type: ignore[attr-defined]
-        reply = client.chat.completions.create(
-            model=done.fine_tuned_model,
-            messages=[{"role": "user", "content": "What is 3 + 4?"}],
-            max_tokens=4,
-        )
-        assert reply.model == done.fine_tuned_model
-    finally:
-        live.stop()
-    groups = state("placement_groups", ray_head)
-    assert len(groups) == 2 and all(g.state == "REMOVED" for g in groups), groups
-    print(f"service under Ray: job {job.id} {done.status}, {done.steps_done} steps")
