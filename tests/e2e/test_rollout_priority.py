@@ -13,6 +13,7 @@ from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.rollout.server_metrics import scrape
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
+from areal_marlaas.trajectory import failure_reason
 from tests.helpers import ok
 
 # Its own server (~1 min to start) and two ~30 s batches: run by make test-service.
@@ -97,7 +98,11 @@ def light_behind_heavy(engine, address, model_path, heavy_priority: int):
     thread.start()
     deadline = time.monotonic() + 120
     while scrape(address).requests_running < 2:  # the server's slots are full
-        assert time.monotonic() < deadline, "the heavy batch never ran"
+        # A batch that ended (or failed) unseen says why, not just "never ran".
+        if not thread.is_alive():
+            why = [failure_reason(t) for t in out.get("heavy", [])]
+            pytest.fail(f"the heavy batch ended unseen: {why}")
+        assert time.monotonic() < deadline, f"the heavy batch never ran: {done}"
         time.sleep(0.05)
     out["light"] = rollout(engine, "light", light_rows, model_path, 1, 8)
     done["light"] = time.monotonic() - t0
