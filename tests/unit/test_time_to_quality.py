@@ -11,6 +11,7 @@ from areal_marlaas.bench.time_to_quality import (
     mean_ci,
     mean_start_over_orders,
     sequential_starts,
+    t975,
     target,
     time_to,
 )
@@ -86,3 +87,16 @@ def test_an_interval_that_straddles_zero_does_not_exclude_it():
     assert not excludes_zero(mean_ci([0.1]))  # one seed: no interval
     half = mean_ci([1.0, 2.0, 3.0])["ci95"]
     assert half == pytest.approx(4.303 * 1.0 / 3**0.5)
+
+
+def test_the_t_quantile_at_every_seed_count():
+    # Exact values (scipy.stats.t.ppf(0.975, df)), the table's and beyond it.
+    exact = {1: 12.706, 7: 2.365, 8: 2.306, 30: 2.042, 31: 2.040, 40: 2.021}
+    exact |= {60: 2.000, 120: 1.980}
+    for df, want in exact.items():
+        assert t975(df) == pytest.approx(want, abs=0.003), df
+    assert mean_ci([1.0] * 8 + [2.0])["ci95"] == pytest.approx(
+        2.306 * (1 / 3) / 9**0.5, rel=1e-3
+    )
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t975(0)
