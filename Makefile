@@ -26,10 +26,11 @@ test-example: setup
 	$(PY) -m pytest -m slow tests/e2e/test_examples.py
 
 # The job service live (real server, trainer, API, the openai SDK), a kill -9
-# and restart, marlaas bench-service (async vs FIFO), and a server with priority
-# scheduling (fair rollouts): ~22 min, in CI.
+# and restart, usage per tenant, marlaas bench-service (async vs FIFO), and a
+# server with priority scheduling (fair rollouts): ~21 min, in CI.
 test-service: setup
-	$(PY) -m pytest -m slow tests/e2e/test_service_e2e.py tests/e2e/test_rollout_priority.py
+	$(PY) -m pytest -m slow tests/e2e/test_service_e2e.py tests/e2e/test_service_usage_e2e.py \
+		tests/e2e/test_rollout_priority.py
 
 # scheduler.type=ray (docs/ray.md): the quickstart on a local Ray head (vs an
 # in-process run, byte for byte), two trainer workers, and two hosts in network

@@ -21,7 +21,8 @@ from tests.service_live import (
     wait_all,
 )
 
-pytestmark = pytest.mark.vllm
+# A live service with its own server and trainer (~3 min): make test-service.
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 TENANTS = {"acme": 2, "globex": 1}  # jobs each
 
