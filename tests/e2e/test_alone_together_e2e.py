@@ -5,25 +5,18 @@ the server and the trainer changes when a step runs, not what it computes."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 
 import yaml
 
 from tests.conftest import REPO
 
 from .test_fault_e2e import contents
-from .test_train_e2e import TASKS, small_run
+from .test_train_e2e import TASKS, marlaas_train, small_run
 
 
 def train(argv: list[str]) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "areal_marlaas.cli", "train", *argv],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=REPO,
-    )
+    proc, _ = marlaas_train(argv, dict(os.environ))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 

@@ -19,7 +19,7 @@ import pytest
 from areal_marlaas.rollout.server import free_port
 
 from .test_fault_e2e import contents
-from .test_train_e2e import check_run_dir, small_run
+from .test_train_e2e import check_run_dir, marlaas_train, small_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -99,18 +99,6 @@ def ray_cluster(cpus: int, memory_gib: int):
         },
     )
     return cluster, Head(cluster.address, f"http://127.0.0.1:{dash}")
-
-
-def marlaas_train(argv: list[str], env: dict[str, str], timeout: float = 900):
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "areal_marlaas.cli", "train", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    return proc, time.monotonic() - t0
 
 
 def adapters_of(run: Path) -> list[Path]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from itertools import pairwise
 
 import pytest
@@ -80,6 +81,19 @@ def train_on_local_scheduler(tmp_path, address: str, trial: str, extra: list[str
         cwd=REPO,
     )
     return proc, tmp_path / "marlaas-quickstart" / trial
+
+
+def marlaas_train(argv: list[str], env: dict[str, str], timeout: float = 900):
+    """``marlaas train`` in its own process: the process and its wall seconds."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_marlaas.cli", "train", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    return proc, time.monotonic() - t0
 
 
 def check_run_dir(run, tasks: tuple[str, ...] = TASKS) -> None:
