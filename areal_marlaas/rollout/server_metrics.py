@@ -13,6 +13,9 @@ class ServerMetrics:
     kv_cache_usage: float = 0.0
     requests_running: float = 0.0
     requests_waiting: float = 0.0
+    # Counters since the server started: unlike the gauges, a poll cannot miss them.
+    generation_tokens: float = 0.0
+    requests_finished: float = 0.0
     kv_cache_size_tokens: int | None = None
     block_size: int | None = None
     num_gpu_blocks: int | None = None
@@ -30,6 +33,10 @@ def parse_metrics(text: str) -> ServerMetrics:
                 out.requests_running = s.value
             elif s.name == "vllm:num_requests_waiting":
                 out.requests_waiting = s.value
+            elif s.name == "vllm:generation_tokens_total":
+                out.generation_tokens += s.value
+            elif s.name == "vllm:request_success_total":  # one sample per reason
+                out.requests_finished += s.value
             elif s.name == "vllm:lora_requests_info":
                 running = s.labels.get("running_lora_adapters", "")
                 names = frozenset(n for n in running.split(",") if n)

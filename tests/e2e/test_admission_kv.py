@@ -85,3 +85,17 @@ def test_parse_metrics_reads_usage_and_capacity():
 
     assert m.kv_cache_usage == 0.25
     assert capacity_tokens(m) == 100 * 32
+
+
+def test_parse_metrics_sums_finished_requests_over_their_reasons():
+    text = (
+        "# HELP vllm:request_success x\n# TYPE vllm:request_success counter\n"
+        'vllm:request_success_total{engine="0",finished_reason="stop"} 3.0\n'
+        'vllm:request_success_total{engine="0",finished_reason="length"} 5.0\n'
+        "# HELP vllm:generation_tokens x\n# TYPE vllm:generation_tokens counter\n"
+        'vllm:generation_tokens_total{engine="0"} 256.0\n'
+    )
+
+    m = parse_metrics(text)
+
+    assert (m.requests_finished, m.generation_tokens) == (8.0, 256.0)

@@ -94,16 +94,26 @@ def light_behind_heavy(engine, address, model_path, heavy_priority: int):
         out["heavy"] = rollout(engine, "heavy", heavy_rows, model_path, 2, 32)
         done["heavy"] = time.monotonic() - t0
 
+    before = scrape(address)
     thread = threading.Thread(target=heavy)
     thread.start()
+    # Send the light rollout once the heavy batch has begun decoding. The
+    # generation counter cannot be missed between two polls, as a gauge can.
+    trace = []
     deadline = time.monotonic() + 120
-    while scrape(address).requests_running < 2:  # the server's slots are full
-        # A batch that ended (or failed) unseen says why, not just "never ran".
+    while True:
+        m = scrape(address)
+        trace.append((round(time.monotonic() - t0, 2), m.requests_running))
+        if m.generation_tokens > before.generation_tokens:
+            break
         if not thread.is_alive():
             why = [failure_reason(t) for t in out.get("heavy", [])]
-            pytest.fail(f"the heavy batch ended unseen: {why}")
-        assert time.monotonic() < deadline, f"the heavy batch never ran: {done}"
+            pytest.fail(f"the heavy batch ended unseen: {why}; polls {trace}")
+        assert time.monotonic() < deadline, f"the heavy batch never ran: {trace}"
         time.sleep(0.05)
+    # Half the heavy batch still to run, or the light rollout has nothing to overtake.
+    finished = m.requests_finished - before.requests_finished
+    assert finished <= 4, f"seen late: {finished} heavy requests done; polls {trace}"
     out["light"] = rollout(engine, "light", light_rows, model_path, 1, 8)
     done["light"] = time.monotonic() - t0
     thread.join()
