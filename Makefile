@@ -34,7 +34,7 @@ test-service: setup
 
 # scheduler.type=ray (docs/ray.md): the quickstart on a local Ray head (vs an
 # in-process run, byte for byte), two trainer workers, and two hosts in network
-# namespaces (quickstart, service, losing host 2); in CI.
+# namespaces (the quickstart, losing host 2 mid-run; the service); in CI.
 test-ray: setup
 	RAY_memory_monitor_refresh_ms=0 $(PY) -m pytest -m slow tests/e2e/test_ray_e2e.py tests/e2e/test_two_hosts_e2e.py
 
