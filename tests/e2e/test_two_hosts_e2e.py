@@ -166,7 +166,7 @@ def test_quickstart_across_two_hosts_pushes_every_adapter_and_outlives_host_2(
     )
 
     # Losing host 2 was a server fault: detected, the server restarted on the
-    # node that came back, the run resumed and committed every version once.
+    # node that came back, and the run resumed.
     faults = [e for e in events if e.get("fault")]
     assert faults and faults[-1]["fault"] == "server_restart", faults
     assert faults[-1]["ok"] is True, faults
@@ -180,9 +180,7 @@ def test_quickstart_across_two_hosts_pushes_every_adapter_and_outlives_host_2(
             ]
         ),
     )
-    steps = read_jsonl(run / "steps.jsonl")
-    for task in TASKS:
-        assert [s["version"] for s in steps if s["task"] == task] == [1, 2, 3, 4]
+    # (Every task committing v1-v4 once: check_run_dir above.)
     # Versions committed before the loss are untouched (those retention kept).
     kept = {f: d for f, d in before.items() if f.is_dir()}
     assert kept and all(folder_digest(f) == d for f, d in kept.items()), before
