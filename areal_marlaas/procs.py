@@ -1,4 +1,5 @@
-"""Child processes the plugin starts: stopping their whole group, reading logs."""
+"""Child processes the plugin starts: stopping their whole group, reading logs,
+and taking down the parts of a run one after another."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
@@ -40,3 +42,14 @@ def tail(path: str | Path, lines: int = 30) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+def close_each(parts: Iterable[tuple[str, Callable[[], object]]], logger) -> None:
+    """Run every ``(name, stop)`` in order, whatever the ones before it did: a
+    part that fails to stop (a worker that a signal already ended cannot be
+    told to) is a warning naming it, and the parts after it still stop."""
+    for name, stop in parts:
+        try:
+            stop()
+        except Exception as e:
+            logger.warning(f"stopping {name}: {type(e).__name__}: {e}")

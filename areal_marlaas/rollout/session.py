@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from areal.api.cli_args import InferenceEngineConfig
@@ -14,6 +15,7 @@ from areal.utils import logging
 from areal_marlaas.config import ConfigError, MARLaaSConfig
 from areal_marlaas.config.cluster import AdapterTransport
 from areal_marlaas.config.server import MultiLoRAEngineConfig
+from areal_marlaas.procs import close_each
 from areal_marlaas.rollout.controller import MultiTaskRolloutController, WorkerServers
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.rollout.server import VLLMServer, is_healthy
@@ -130,16 +132,18 @@ class RolloutSession:
         return wrapped
 
     def stop(self) -> None:
-        if self.supervisor is not None:
-            self.supervisor.stop()
-            self.supervisor = None
-        if self.engine is not None:
-            self.engine.destroy()  # stops the workers' servers, if they launched any
-            self.engine = None
-            self.worker_servers = None
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
+        """Supervisor, engine (and the servers its workers launched), then the
+        server this process launched: each stops even if one before it fails."""
+        supervisor, engine, server = self.supervisor, self.engine, self.server
+        self.supervisor = self.engine = self.worker_servers = self.server = None
+        parts: list[tuple[str, Callable[[], object]]] = []
+        if supervisor is not None:
+            parts.append(("the server supervisor", supervisor.stop))
+        if engine is not None:
+            parts.append(("the rollout engine", engine.destroy))
+        if server is not None:
+            parts.append(("the rollout server", server.stop))
+        close_each(parts, logger)
 
     def __enter__(self) -> RolloutSession:
         self.start()

@@ -617,6 +617,12 @@ class SchedulerCore:
     def _error(self, task: TaskState, reason: str) -> list[Action]:
         task.errors += 1
         task.reason = reason
+        if task.stop is Stop.PAUSE and task.phase is not Phase.PENDING:
+            # Pausing (a job's pause, a drain at shutdown): the failed work is
+            # dropped and the task stops at its last committed version, which
+            # a resume continues from; a stop never fails a task.
+            self._drop_batch(task)
+            return self._pause_now(task)
         if task.errors > self.task_retries:
             return self._fail(
                 task, f"{reason} (failed {task.errors}x at v{task.version})"

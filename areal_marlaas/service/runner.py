@@ -28,6 +28,7 @@ from areal.utils.hf_utils import load_hf_tokenizer
 
 from areal_marlaas import admission
 from areal_marlaas.config.service import ServiceRunConfig
+from areal_marlaas.procs import close_each
 from areal_marlaas.rollout.controller import MultiTaskRolloutController
 from areal_marlaas.rollout.server_metrics import scrape
 from areal_marlaas.rundir.records import EvalRecord, EvalSample, StepRecord
@@ -134,13 +135,18 @@ class ServiceRunner:
             stack.screen.phase("drained: every job stopped at a committed version")
         finally:
             self.stop.set()
-            if poller is not None:
-                poller.join(timeout=30)
-            webhooks.stop()  # what is still pending goes out after the restart
-            if self.api is not None:
-                self.api.stop()
-            stack.close()
-            self.jobs.close()
+            api = self.api
+            close_each(
+                [
+                    ("the job poller", lambda: poller and poller.join(timeout=30)),
+                    # What is still pending goes out after the restart.
+                    ("the webhooks", webhooks.stop),
+                    ("the API", lambda: api and api.stop()),
+                    ("the training stack", stack.close),
+                    ("the job store", self.jobs.close),
+                ],
+                logger,
+            )
         return summary
 
     def _options(self) -> RuntimeOptions:

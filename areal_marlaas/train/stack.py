@@ -26,6 +26,7 @@ from areal_marlaas.admission import KVModel
 from areal_marlaas.cluster import close_scheduler, make_scheduler
 from areal_marlaas.config import MARLaaSConfig, TaskSpec
 from areal_marlaas.placement import parse_cpus, pin_current_process
+from areal_marlaas.procs import close_each
 from areal_marlaas.rollout.controller import MultiTaskRolloutController
 from areal_marlaas.rollout.session import RolloutSession
 from areal_marlaas.rundir.records import EvalRecord, EvalSample, StepRecord
@@ -338,18 +339,21 @@ class TrainingStack:
 
     # -- shut-down ------------------------------------------------------------------
     def close(self) -> None:
-        if self.stats_logger is not None:
-            self.stats_logger.close()
-            self.stats_logger = None
-        IsolatedReward.shutdown_all()
+        """Take down what was started, in reverse order; each part stops even
+        if one before it fails (``procs.close_each``)."""
+        stats, session, engine = self.stats_logger, self.session, self.engine
+        scheduler = self.scheduler
+        self.stats_logger = self.session = self.engine = self.scheduler = None
+        parts: list[tuple[str, Callable[[], object]]] = []
+        if stats is not None:
+            parts.append(("the stats logger", stats.close))
+        parts.append(("the reward workers", IsolatedReward.shutdown_all))
         # search.server_url=auto servers end with the run, not the interpreter.
-        stop_local_search_servers()
-        if self.session is not None:
-            self.session.stop()
-            self.session = None
-        if self.engine is not None:
-            self.engine.destroy()
-            self.engine = None
-        if self.scheduler is not None:
-            close_scheduler(self.scheduler)
-            self.scheduler = None
+        parts.append(("the search servers", stop_local_search_servers))
+        if session is not None:
+            parts.append(("the rollout session", session.stop))
+        if engine is not None:
+            parts.append(("the trainer", engine.destroy))
+        if scheduler is not None:
+            parts.append(("the workers", lambda: close_scheduler(scheduler)))
+        close_each(parts, logger)

@@ -1,0 +1,51 @@
+"""Fixtures of the tests against the real server and trainer: a multi-LoRA
+engine on the session's server, the deterministic reference run, and two hosts
+in network namespaces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from areal.api.cli_args import InferenceEngineConfig
+
+from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
+from tests.support.runs import DETERMINISTIC, marlaas_train, one_thread_env, small_run
+from tests.support.two_hosts import two_hosts_up
+
+
+@pytest.fixture
+def engine(vllm_server):
+    """A multi-LoRA rollout engine connected to the session's server."""
+    cfg = InferenceEngineConfig(
+        experiment_name="test",
+        trial_name="rollout",
+        backend="vllm:d1",
+        use_lora=True,
+        max_concurrent_rollouts=256,
+        setup_timeout=60,
+        request_timeout=300,
+    )
+    eng = MultiLoRAvLLMEngine(cfg)
+    eng.initialize(addr=vllm_server.address, train_data_parallel_size=1)
+    yield eng
+    eng.destroy()
+
+
+@pytest.fixture
+def two_hosts():
+    """Host 1 and host 2 (tests/support/two_hosts.py), torn down after."""
+    with two_hosts_up() as hosts:
+        yield hosts
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory, vllm_server) -> Path:
+    """The quickstart's 3 tasks x 2 steps (``small_run``), run deterministically
+    and uninterrupted on the session's server: what a resumed run, the same run
+    under Ray and a task trained alone must commit byte for byte."""
+    tmp = tmp_path_factory.mktemp("reference")
+    argv = [*small_run(tmp, vllm_server.address, "ref"), *DETERMINISTIC]
+    proc, _ = marlaas_train(argv, one_thread_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp / "marlaas-quickstart" / "ref"
