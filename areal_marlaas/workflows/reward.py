@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -45,19 +46,39 @@ class RewardTimeoutError(RewardError):
     """A reward call ran past the task's reward_timeout_s."""
 
 
+def _die_with(trainer: int) -> None:
+    """A worker's initializer: it dies with the fork server (PDEATHSIG), and
+    with the trainer. The fork server would end when the trainer does, but
+    every child it forks holds the write end of the pipe it watches for that,
+    so a worker left waiting kept it alive: a SIGKILLed trainer's reward
+    workers and fork server ran on. A thread watches the trainer instead."""
+    set_pdeathsig(signal.SIGKILL)
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(trainer, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:  # a pid taken by another user's process
+                os._exit(0)
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, name="marlaas-reward-watch", daemon=True).start()
+
+
 def _new_pool(workers: int) -> ProcessPoolExecutor:
-    # Workers die with the trainer, even when it is SIGKILLed (the fork server
-    # exits with it). Not forked from the trainer: a fork pins the trainer's
-    # pages as of that moment (copy-on-write), and three reward workers of a
-    # 5 GB trainer ran a 24 GiB machine out of memory in the paper mix.
+    # Not forked from the trainer: a fork pins the trainer's pages as of that
+    # moment (copy-on-write), and three reward workers of a 5 GB trainer ran a
+    # 24 GiB machine out of memory in the paper mix.
     ctx = multiprocessing.get_context("forkserver")
     # The built-in rewards are imported once, in the fork server.
     ctx.set_forkserver_preload(["areal_marlaas.tasks"])
     return ProcessPoolExecutor(
         max_workers=workers,
         mp_context=ctx,
-        initializer=set_pdeathsig,
-        initargs=(signal.SIGKILL,),
+        initializer=_die_with,
+        initargs=(os.getpid(),),
     )
 
 
