@@ -66,9 +66,10 @@ class AdapterError(RuntimeError):
 
 class MultiLoRAVLLMBackend(VLLMBackend):
     """VLLMBackend plus the adapter unload request AReaL never sends, the stop
-    strings it drops (agent workflows stop on closing tags), per-request seeds,
-    the adapter name each response reports (the staleness audit reads it), and
-    a server launch through the plugin's own path (``server.*`` honored)."""
+    strings and minimum length it drops (agent workflows stop on closing tags),
+    per-request seeds, the adapter name each response reports (the staleness
+    audit reads it), and a server launch through the plugin's own path
+    (``server.*`` honored)."""
 
     def __init__(self, server: RolloutServerConfig | None = None):
         super().__init__()
@@ -80,6 +81,8 @@ class MultiLoRAVLLMBackend(VLLMBackend):
         http = super().build_generation_request(req, with_lora, version)
         if req.gconfig.stop:
             http.payload["stop"] = list(req.gconfig.stop)
+        if req.gconfig.min_new_tokens:  # AReaL's backend drops it too
+            http.payload["min_tokens"] = req.gconfig.min_new_tokens
         seed = current_request_seed()
         if seed is not None:
             http.payload["seed"] = seed
