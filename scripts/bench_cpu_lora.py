@@ -88,7 +88,11 @@ def measure(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpus", default="0", help="cores the server is pinned to")
-    ap.add_argument("--out", default="docs/results/cpu_lora.json")
+    ap.add_argument(
+        "--out",
+        default="runs/cpu_lora.json",
+        help="JSON of the results (runs/ is ignored: copy one to docs/results/)",
+    )
     args = ap.parse_args()
     model = prepare_default_model()
     work = Path(tempfile.mkdtemp(prefix="marlaas-cpu-lora-"))

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from areal_marlaas.cli.args import add_command, comma_list, positive_int
+from areal_marlaas.cli.args import RUNS_DIR, add_command, comma_list, positive_int
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -68,7 +68,7 @@ def _simulate(args: argparse.Namespace) -> int:
         f"{(c['kv_budget_per_device'] or 0) / 2**30:.1f} GiB per rollout device:"
     )
     print(format_projection(out["projection"]))
-    dest = Path(args.out) if args.out else Path(out["bench"]) / "sim.json"
+    dest = Path(args.out)
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(out, indent=1))
     dest.with_suffix(".md").write_text(format_sim_markdown(out))
@@ -100,7 +100,8 @@ def _simulate_service(args: argparse.Namespace) -> int:
         return 2
     md = format_service_sim(out)
     print(md)
-    dest = root / "sim_service.json"
+    dest = Path(args.out)
+    dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(out, indent=1))
     dest.with_suffix(".md").write_text(md)
     print(f"wrote {dest} and {dest.with_suffix('.md')}")
@@ -166,7 +167,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="Sweep every projected task's tool-call seconds per batch, e.g. "
         "10,60 (default: each task's fitted time)",
     )
-    p.add_argument("--out", default=None, help="JSON (default: <bench>/sim.json)")
+    p.add_argument(
+        "--out",
+        default=f"{RUNS_DIR}/sim/sim.json",
+        help="JSON, with the markdown beside it (default: %(default)s; runs/ is "
+        "ignored: a result to keep is copied to docs/results/)",
+    )
 
     p = add_command(
         sub,
@@ -177,9 +183,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "runs, replay every measured run under its own service's policy (the "
         "other services out of sample), and project async, fair and "
         "fair_adaptive to many tenants (trainers and servers scaled with them). "
-        "Writes sim_service.json and .md beside bench_service.json.",
+        "Writes sim_service.json and .md (default: under runs/sim_service/).",
     )
     p.add_argument("result", help="bench_service.json or the folder holding it")
+    p.add_argument(
+        "--out",
+        default=f"{RUNS_DIR}/sim_service/sim_service.json",
+        help="JSON, with the markdown beside it (default: %(default)s)",
+    )
     p.add_argument(
         "--fit-service",
         default="async",
