@@ -32,10 +32,16 @@ def engine(vllm_server):
     eng.destroy()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_hosts():
-    """Host 1 and host 2 (tests/support/two_hosts.py), torn down after."""
+    """Host 1 and host 2 (tests/support/two_hosts.py) with a Ray head on host 1
+    (1 CPU, 6 GiB: the trainer fits only there) and a node on host 2 (2 CPUs,
+    3 GiB: the rollout worker fits only there), for a module's tests; torn down
+    after them."""
     with two_hosts_up() as hosts:
+        hosts.start_ray(
+            head={"cpus": 1, "memory_gib": 6}, worker={"cpus": 2, "memory_gib": 3}
+        )
         yield hosts
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-import time
+import json
 
 import pytest
 import requests
@@ -23,12 +22,11 @@ def test_estimate_matches_server_reported_kv_for_one_running_batch(
     capacity = capacity_tokens(info) * kv.bytes_per_token
     # Shape the batch so each sequence holds its final block count from prefill on:
     # 9 blocks + 1 token of prompt, then block_size - 1 new tokens = exactly 10
-    # blocks. Usage then sits at its peak through every decode step, so a poll
-    # can't miss it however slowly the machine runs (a short prompt peaks only in
-    # the last few steps, which a loaded CI machine's poller missed). Every
-    # sequence has its own prompt: samples of one prompt that the server happens
-    # to schedule in different steps share its prefix-cached blocks, so their
-    # usage depends on timing (the estimate is then an upper bound, not exact).
+    # blocks. Usage then sits at its peak from every sequence's first token to
+    # its last. Every sequence has its own prompt: samples of one prompt that the
+    # server happens to schedule in different steps share its prefix-cached
+    # blocks, so their usage depends on timing (the estimate is then an upper
+    # bound, not exact).
     bs = info.block_size
     prompt_len, new_tokens, prompts, samples = 9 * bs + 1, bs - 1, 8, 1
     prompt_ids = [
@@ -36,39 +34,46 @@ def test_estimate_matches_server_reported_kv_for_one_running_batch(
     ]
     estimate = task_kv_bytes(kv, prompt_len, new_tokens, prompts, samples)
 
-    peak = 0.0
-    done = threading.Event()
+    # The server's usage is read once, at a moment the stream shows is inside
+    # that plateau: every sequence has streamed 2 tokens (its prefill is done and
+    # the step that finished it is recorded), none has finished; the same
+    # scrape's running count confirms all 8 were still running.
+    tokens = [0] * prompts
+    finished: set[int] = set()
+    seen = None
+    with requests.post(
+        f"{base}/v1/completions",
+        json={
+            "model": str(model_path),
+            "prompt": prompt_ids,
+            "n": samples,
+            "max_tokens": new_tokens,
+            "ignore_eos": True,  # every sequence reaches its full length
+            "temperature": 1.0,
+            "stream": True,
+        },
+        stream=True,
+        timeout=300,
+    ) as out:
+        assert out.status_code == 200, out.text
+        for line in out.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            for choice in json.loads(line[6:])["choices"]:
+                tokens[choice["index"]] += 1
+                if choice.get("finish_reason"):
+                    assert choice["finish_reason"] == "length", choice
+                    finished.add(choice["index"])
+            if seen is None and min(tokens) >= 2:
+                seen = scrape(vllm_server.address), sorted(finished)
+    assert seen is not None and len(finished) == prompts, (tokens, finished)
+    metrics, finished_when_read = seen
+    assert finished_when_read == [], "read after a sequence had finished"
+    assert metrics.requests_running == prompts, "read outside the plateau"
 
-    def poll():
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, scrape(vllm_server.address).kv_cache_usage)
-            time.sleep(0.02)
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    try:
-        out = requests.post(
-            f"{base}/v1/completions",
-            json={
-                "model": str(model_path),
-                "prompt": prompt_ids,
-                "n": samples,
-                "max_tokens": new_tokens,
-                "ignore_eos": True,  # every sequence reaches its full length
-                "temperature": 1.0,
-            },
-            timeout=300,
-        )
-    finally:
-        done.set()
-        poller.join()
-    assert out.status_code == 200, out.text
-    assert all(c["finish_reason"] == "length" for c in out.json()["choices"])
-
-    reported = peak * capacity
+    reported = metrics.kv_cache_usage * capacity
     ratio = reported / estimate
-    print(f"estimate {estimate} B, server peak {reported:.0f} B, ratio {ratio:.4f}")
+    print(f"estimate {estimate} B, server {reported:.0f} B, ratio {ratio:.4f}")
     # Block-exact: the estimate is the server's own count (float rounding aside).
     assert 0.99 <= ratio <= 1.01
 

@@ -1,29 +1,30 @@
 """A tenant's training does not depend on its neighbours: with seeded rollouts
 (``fault.deterministic``), a task trained among the other tenants commits, byte
 for byte, the adapters and optimizer states it commits trained alone. Sharing
-the server and the trainer changes when a step runs, not what it computes."""
+the server and the trainer changes when a step runs, not what it computes.
+Slow (``make test-live``): it shares the session's reference run."""
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.support.paths import REPO
+from tests.support.runs import (
+    DETERMINISTIC,
+    TASKS,
+    contents,
+    marlaas_train,
+    one_thread_env,
+    small_run,
+)
 
-from .test_fault_e2e import contents
-from .test_train_e2e import TASKS, marlaas_train, small_run
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def train(argv: list[str]) -> None:
-    proc, _ = marlaas_train(argv, dict(os.environ))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
-def test_a_task_among_tenants_commits_what_it_commits_alone(tmp_path, vllm_server):
-    common = ["scheduler.type=null", "fault.deterministic=true"]
-    train([*small_run(tmp_path, vllm_server.address, "together"), *common])
-
+def test_a_task_among_tenants_commits_what_it_commits_alone(
+    tmp_path, vllm_server, reference_run
+):
     # The last task of the quickstart, as the only task of its own run.
     alone_task = TASKS[-1]
     spec = yaml.safe_load((REPO / "configs" / "tasks" / "quickstart.yaml").read_text())
@@ -33,10 +34,13 @@ def test_a_task_among_tenants_commits_what_it_commits_alone(tmp_path, vllm_serve
     argv = small_run(tmp_path, vllm_server.address, "alone")
     # small_run sizes three tasks; keep task 0's sizes for the one task here.
     argv = [a for a in argv if not a.startswith(("tasks.1.", "tasks.2."))]
-    train([*argv, f"tasks_file={tasks_file}", *common])
+    proc, _ = marlaas_train(
+        [*argv, f"tasks_file={tasks_file}", *DETERMINISTIC], one_thread_env()
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    root = tmp_path / "marlaas-quickstart"
-    together, alone = contents(root / "together"), contents(root / "alone")
+    together = contents(reference_run)
+    alone = contents(tmp_path / "marlaas-quickstart" / "alone")
     mine = {k: v for k, v in together.items() if k.startswith(f"{alone_task}/")}
     assert len(alone) == len(mine) >= 3 * 2  # v0..v2, adapter + optimizer
     assert alone == mine

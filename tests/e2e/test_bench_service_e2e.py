@@ -31,7 +31,7 @@ def test_bench_service_runs_async_and_fifo_services_under_poisson_load(
             "--config",
             str(REPO / "configs" / "bench_service.yaml"),
             "load.jobs=2",
-            "load.rates_per_min=[30]",
+            "load.rates_per_min=[600]",
             "load.repeats=1",
             f"load.out={out}",
             f"load.work_dir={tmp_path / 'work'}",
@@ -60,8 +60,8 @@ def test_bench_service_runs_async_and_fifo_services_under_poisson_load(
         assert m["ttfs_parts"]["first_batch_s"] > 0 and m["ttfs_parts"]["train_s"] > 0
         spans[service] = [(j["commits"][0], j["commits"][-1]) for j in r["jobs"]]
     # fifo: one job at a time, in arrival order; async: the jobs overlap (the
-    # seeded arrivals send the second job 3.7 s after the first, before the
-    # first job's first step).
+    # seeded arrivals at 600/min send the second job 0.19 s after the first,
+    # ~5 s before the first job's first step here).
     fifo = spans["fifo"]
     assert all(a[1] < b[0] for a, b in pairwise(fifo)), fifo
     assert any(a[1] > b[0] for a, b in pairwise(spans["async"]))
@@ -73,5 +73,5 @@ def test_bench_service_runs_async_and_fifo_services_under_poisson_load(
     started = second["commits"][0] - second["ttfs_s"] + second["waiting_s"]
     assert started + 1 >= first["commits"][-1], (first, second)
     md = (out / "bench_service.md").read_text()
-    assert "| async | 30 | 1 |" in md and "| fifo | 30 | 1 |" in md
+    assert "| async | 600 | 1 |" in md and "| fifo | 600 | 1 |" in md
     assert (out / "ttfs_by_arrival.png").stat().st_size > 0

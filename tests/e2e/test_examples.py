@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import sys
 import pytest
 
 from areal_marlaas.rundir.reader import read_jsonl
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.vllm
 
@@ -72,39 +71,3 @@ def test_multi_task_script_trains_every_task(tmp_path, vllm_server):
         assert [
             (r["version"], r["staleness_max"]) for r in steps if r["task"] == task
         ] == [(1, 0)]
-
-
-# The replicated AReaL baseline of marlaas bench: one tenant as its own AReaL
-# PPOTrainer job with its own server (~3 min): CI, with the example.
-@pytest.mark.slow
-def test_bench_runs_a_tenant_as_its_own_areal_job(tmp_path):
-    out = tmp_path / "bench"
-    proc = run(
-        [
-            "-m",
-            "areal_marlaas.cli",
-            "bench",
-            "--config",
-            str(REPO / "configs" / "bench.yaml"),
-            "bench.replicas=1",
-            "bench.steps=1",
-            "bench.modes=[]",
-            "bench.ablations=[]",
-            "bench.concurrency=[]",
-            "bench.replicated=[1]",
-            "bench.repeats=1",
-            f"bench.out={out}",
-            f"bench.work_dir={tmp_path / 'work'}",
-        ]
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    result = json.loads((out / "bench.json").read_text())
-    (r,) = result["runs"]
-    assert (r["label"], r["status"], r["steps_by_replica"]) == ("areal_x1", "ok", [1])
-    m = r["metrics"]
-    # Its own server and trainer: more than the model's weights, less than all.
-    assert 1.0 < m["peak_mem_gib"] < m["peak_machine_gib"], m
-    assert m["e2e_steps_per_hour"] == pytest.approx(3600 / r["process_s"])
-    log = (tmp_path / "work" / "replicated" / "areal_x1" / "mul1_0.log").read_text()
-    assert "published mul1_0-v1" in log  # the task's own adapter, on-policy path
-    assert "| 1 | - | " in (out / "bench.md").read_text()  # no MARLaaS run at 1

@@ -7,13 +7,12 @@ import pytest
 import torch
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 from areal.api.io_struct import FinetuneSpec
-from areal.utils.network import find_free_ports
 
 from areal_marlaas.config import load_config
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
 from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.vllm
 
@@ -25,48 +24,59 @@ TEMPERATURE = 0.7
 MEAN_ABS_TOL = 1e-3
 
 
-def test_vllm_logprobs_match_trainer_at_sampling_temperature(
-    tmp_path, vllm_server, model_path, monkeypatch
-):
-    for k, v in dict(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0").items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(find_free_ports(1)[0]))
+@pytest.fixture(scope="module")
+def engines(single_rank_env, vllm_server):
+    """One trainer for the module's checks (each on its own task), and a
+    rollout engine on the session's server."""
     cfg, _ = load_config(["--config", str(REPO / "configs" / "quickstart.yaml")])
     trainer = MultiLoRAFSDPPPOActor(cfg.actor)
     trainer.create_process_group()
     trainer.initialize(None, FinetuneSpec(1, 1, 1))
-    trainer.add_task("lp", lr=1e-4, total_steps=1, n_samples=2, seed=3, temperature=0.7)
-    adapter = trainer.save_adapter("lp", tmp_path / "v0")
     rollout = MultiLoRAvLLMEngine(
         InferenceEngineConfig(
             experiment_name="test", trial_name="lp", backend="vllm:d1", use_lora=True
         )
     )
     rollout.initialize(addr=vllm_server.address, train_data_parallel_size=1)
-    try:
-        rollout.register_task("lp", 0, adapter)
-        trajs = rollout.rollout_task(
-            make_arithmetic_rows("multiplication", 4, 1, seed=8),
-            "areal_marlaas.workflows.rlvr.MultiTaskRLVRWorkflow",
-            dict(
-                task="lp",
-                reward_fn="areal_marlaas.tasks.rewards.numeric_answer_reward_fn",
-                gconfig=GenerationHyperparameters(
-                    max_new_tokens=24, temperature=TEMPERATURE
-                ),
-                tokenizer=str(model_path),
+    yield cfg, trainer, rollout
+    rollout.destroy()
+    trainer.destroy()
+
+
+def _batch(rollout, task, model_path, seed):
+    return rollout.rollout_task(
+        make_arithmetic_rows("multiplication", 4, 1, seed=seed),
+        "areal_marlaas.workflows.rlvr.MultiTaskRLVRWorkflow",
+        dict(
+            task=task,
+            reward_fn="areal_marlaas.tasks.rewards.numeric_answer_reward_fn",
+            gconfig=GenerationHyperparameters(
+                max_new_tokens=24, temperature=TEMPERATURE
             ),
-            group_size=2,
-        )
-    finally:
-        rollout.destroy()
+            tokenizer=str(model_path),
+        ),
+        group_size=2,
+    )
+
+
+def test_vllm_logprobs_match_trainer_at_sampling_temperature(
+    tmp_path, engines, model_path
+):
+    _, trainer, rollout = engines
+    trainer.add_task("lp", lr=1e-4, total_steps=1, n_samples=2, seed=3, temperature=0.7)
+    adapter = trainer.save_adapter("lp", tmp_path / "v0")
+    rollout.register_task("lp", 0, adapter)
+    trajs = _batch(rollout, "lp", model_path, seed=8)
     trainer.switch_task("lp")
     data = [{k: v for k, v in t.items() if torch.is_tensor(v)} for t in trajs]
 
     tempered = mean_abs_diff(data, trainer.compute_logp(data))
+    temperature = trainer.config.temperature
     trainer.config.temperature = 1.0  # what raw, untempered logprobs would be
-    untempered = mean_abs_diff(data, trainer.compute_logp(data))
+    try:
+        untempered = mean_abs_diff(data, trainer.compute_logp(data))
+    finally:
+        trainer.config.temperature = temperature
 
     print(f"mean |vLLM - trainer| tempered {tempered:.2e} untempered {untempered:.4f}")
     assert tempered < MEAN_ABS_TOL
@@ -86,49 +96,15 @@ def mean_abs_diff(data, recomputed) -> float:
     return float(diffs.mean())
 
 
-def _engines(vllm_server, tmp_path, monkeypatch):
-    for k, v in dict(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0").items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(find_free_ports(1)[0]))
-    cfg, _ = load_config(["--config", str(REPO / "configs" / "quickstart.yaml")])
-    trainer = MultiLoRAFSDPPPOActor(cfg.actor)
-    trainer.create_process_group()
-    trainer.initialize(None, FinetuneSpec(1, 1, 1))
-    rollout = MultiLoRAvLLMEngine(
-        InferenceEngineConfig(
-            experiment_name="test", trial_name="audit", backend="vllm:d1", use_lora=True
-        )
-    )
-    rollout.initialize(addr=vllm_server.address, train_data_parallel_size=1)
-    return cfg, trainer, rollout
-
-
-def _batch(rollout, task, model_path):
-    return rollout.rollout_task(
-        make_arithmetic_rows("multiplication", 4, 1, seed=9),
-        "areal_marlaas.workflows.rlvr.MultiTaskRLVRWorkflow",
-        dict(
-            task=task,
-            reward_fn="areal_marlaas.tasks.rewards.numeric_answer_reward_fn",
-            gconfig=GenerationHyperparameters(
-                max_new_tokens=24, temperature=TEMPERATURE
-            ),
-            tokenizer=str(model_path),
-        ),
-        group_size=2,
-    )
-
-
 def test_trained_adapter_agrees_and_other_weights_are_refused(
-    tmp_path, vllm_server, model_path, distinct_adapters, monkeypatch
+    engines, model_path, distinct_adapters
 ):
     """A trained adapter (non-zero B on every linear layer, served through our
     CPU LoRA kernels) gives the trainer's logprobs; the same name serving other
     weights is caught by the per-step audit and the step is refused."""
     from areal_marlaas.train.engine import AuditError
 
-    cfg, trainer, rollout = _engines(vllm_server, tmp_path, monkeypatch)
+    cfg, trainer, rollout = engines
     limit = cfg.audit.limit(cfg.vllm.dtype, cfg.actor.dtype)
     trained, other = distinct_adapters[0], distinct_adapters[1]
     for task in ("good", "swapped"):
@@ -143,14 +119,11 @@ def test_trained_adapter_agrees_and_other_weights_are_refused(
             audit_trajectories=4,
             audit_max_mean_gap=limit,
         )
-    try:
-        rollout.register_task("good", 0, trained)
-        # The server serves another adapter's weights under swapped-v0.
-        rollout.register_task("swapped", 0, other)
-        good = _batch(rollout, "good", model_path)
-        bad = _batch(rollout, "swapped", model_path)
-    finally:
-        rollout.destroy()
+    rollout.register_task("good", 0, trained)
+    # The server serves another adapter's weights under swapped-v0.
+    rollout.register_task("swapped", 0, other)
+    good = _batch(rollout, "good", model_path, seed=9)
+    bad = _batch(rollout, "swapped", model_path, seed=9)
 
     result = trainer.train_task("good", good)
     audit = result["audit"]

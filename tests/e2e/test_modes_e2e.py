@@ -10,7 +10,7 @@ import pytest
 from areal_marlaas.config import load_config
 from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.train.trainer import MultiTaskTrainer
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.vllm
 
@@ -112,7 +112,7 @@ def test_sync_barriers_hold_and_live_kv_reaches_admission(tmp_path, vllm_server)
         "sync",
         "scheduler.mode=sync",
         "scheduler.kv_live=true",
-        "scheduler.kv_poll_interval_s=0.2",
+        "scheduler.kv_poll_interval_s=0.05",  # several reads per rollout
     )
 
     for v in (0, 1):
@@ -130,10 +130,12 @@ def test_sync_barriers_hold_and_live_kv_reaches_admission(tmp_path, vllm_server)
     assert summary["kv_peak_reported"] > 0
 
 
-@pytest.mark.parametrize("mode", ["sequential", "collocated"])
-def test_single_task_modes_never_overlap_tasks(tmp_path, vllm_server, mode):
+def test_single_task_modes_never_overlap_tasks(tmp_path, vllm_server):
+    # sequential and collocated differ only in placement (scheduler/core.py),
+    # which an in-process run on an attached server does not have: one run
+    # shows both; the core's property test covers each mode's decisions.
     _, intervals, _ = run_mode(
-        tmp_path, vllm_server.address, mode, f"scheduler.mode={mode}"
+        tmp_path, vllm_server.address, "sequential", "scheduler.mode=sequential"
     )
 
     work = [e for e in intervals if e["phase"] in ("rollout", "train", "publish")]

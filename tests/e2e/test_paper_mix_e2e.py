@@ -11,7 +11,7 @@ from areal_marlaas.config import load_config
 from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.train.trainer import MultiTaskTrainer
 from areal_marlaas.workflows.search_agent import SearchAgentWorkflow
-from tests.conftest import REPO, SHARED_DATA
+from tests.support.paths import REPO, SHARED_DATA
 
 pytestmark = [
     pytest.mark.vllm,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,9 +18,7 @@ from pathlib import Path
 import pytest
 
 from areal_marlaas.rollout.server import free_port
-
-from .test_fault_e2e import contents
-from .test_train_e2e import check_run_dir, marlaas_train, small_run
+from tests.support.runs import check_run_dir, contents, marlaas_train, small_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -64,22 +63,43 @@ def workers(head: Head) -> dict[str, object]:
 
 
 @pytest.fixture
-def ray_head(monkeypatch):
+def ray_head(monkeypatch, tmp_path):
     """``ray start --head --num-cpus 2 --num-gpus 0`` as in the issue (with the
-    dashboard, which serves the state API), stopped at the end."""
+    dashboard, which serves the state API), in the foreground (``--block``) of
+    its own session: its processes share its fate, so ending it ends this head
+    and no other Ray on the machine (``ray stop`` would stop them all)."""
     monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
     port, dash = free_port(), free_port()
-    subprocess.run(
-        [RAY, "start", "--head", f"--port={port}", "--num-cpus=2", "--num-gpus=0"]
-        + [f"--dashboard-port={dash}", "--disable-usage-stats"],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    log = tmp_path / "ray_head.log"
+    with open(log, "w") as out:
+        head = subprocess.Popen(
+            [RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=2"]
+            + ["--num-gpus=0", f"--dashboard-port={dash}", "--disable-usage-stats"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert head.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            up = subprocess.run(
+                [RAY, "status", f"--address=127.0.0.1:{port}"],
+                capture_output=True,
+                timeout=120,
+            )
+            if up.returncode == 0:
+                break
+            time.sleep(1)
         yield Head(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}")
     finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+        head.terminate()
+        try:
+            head.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
 
 
 def ray_cluster(cpus: int, memory_gib: int):
@@ -106,7 +126,7 @@ def adapters_of(run: Path) -> list[Path]:
 
 
 def test_quickstart_on_a_local_ray_head_matches_an_in_process_run(
-    tmp_path, vllm_server, ray_head
+    tmp_path, vllm_server, ray_head, reference_run
 ):
     argv = [*small_run(tmp_path, vllm_server.address, "ray"), "scheduler.type=ray"]
     argv += [f"cluster.name_resolve.nfs_record_root={tmp_path / 'nr'}"]
@@ -136,26 +156,19 @@ def test_quickstart_on_a_local_ray_head_matches_an_in_process_run(
     assert len(groups) == 2 and all(g.state == "REMOVED" for g in groups), groups
 
     # The same run in-process (same server, seeds and data order), with the
-    # Ray worker's thread count (its spec's cpu=1): with 2 threads the float
-    # sums of the backward pass round differently (lora_B off by ~4e-7).
-    ref_argv = [*small_run(tmp_path, vllm_server.address, "ref"), "scheduler.type=null"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ref, local_s = marlaas_train([*ref_argv, "fault.deterministic=true"], env)
-    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
-    under_ray, in_process = contents(run), contents(tmp_path / "marlaas-quickstart/ref")
+    # Ray worker's thread count (its spec's cpu=1): the session's reference run.
+    under_ray, in_process = contents(run), contents(reference_run)
     assert len(under_ray) == len(in_process) >= 3 * 3 * 2
     assert under_ray == in_process  # adapters by bytes, optimizer states by value
     n = sum(k.endswith(".safetensors") for k in under_ray)
     setup = {
-        name: json.loads(
-            (tmp_path / "marlaas-quickstart" / name / "summary.json").read_text()
-        )["timings"]["setup_s"]
-        for name in ("ray", "ref")
+        name: json.loads((path / "summary.json").read_text())["timings"]["setup_s"]
+        for name, path in (("ray", run), ("ref", reference_run))
     }
     print(
         f"ray: default specs refused in {failed_s:.1f}s; run {ray_s:.1f}s (set-up "
-        f"{setup['ray']:.1f}s) vs in-process {local_s:.1f}s (set-up "
-        f"{setup['ref']:.1f}s); {n} adapters byte-identical"
+        f"{setup['ray']:.1f}s) vs in-process set-up {setup['ref']:.1f}s; "
+        f"{n} adapters byte-identical"
     )
 
 

@@ -12,8 +12,8 @@ from areal_marlaas.config import load_config
 from areal_marlaas.rollout.controller import MultiTaskRolloutController
 from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
-from tests.conftest import REPO
-from tests.helpers import ok, trajectory_summary
+from tests.support.paths import REPO
+from tests.support.snapshots import ok, trajectory_summary
 
 pytestmark = pytest.mark.vllm
 

@@ -8,66 +8,14 @@ import time
 
 import pytest
 import requests
-from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 
-from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.rollout.server_metrics import scrape
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
-from tests.helpers import LeaseLog, ok, trajectory_summary
+from tests.support.leases import LeaseLog
+from tests.support.rollouts import rollout, run_concurrently, served_models
+from tests.support.snapshots import ok, trajectory_summary
 
 pytestmark = pytest.mark.vllm
-
-WORKFLOW = "areal_marlaas.workflows.rlvr.MultiTaskRLVRWorkflow"
-REWARD = "areal_marlaas.tasks.rewards.numeric_answer_reward_fn"
-
-
-@pytest.fixture
-def engine(vllm_server):
-    cfg = InferenceEngineConfig(
-        experiment_name="test",
-        trial_name="rollout",
-        backend="vllm:d1",
-        use_lora=True,
-        max_concurrent_rollouts=256,
-        setup_timeout=60,
-        request_timeout=300,
-    )
-    eng = MultiLoRAvLLMEngine(cfg)
-    eng.initialize(addr=vllm_server.address, train_data_parallel_size=1)
-    yield eng
-    eng.destroy()
-
-
-def served_models(address: str) -> set[str]:
-    data = requests.get(f"http://{address}/v1/models", timeout=10).json()["data"]
-    return {m["id"] for m in data}
-
-
-def rollout(engine, task, rows, model_path, group_size=2, **gen):
-    gconfig = GenerationHyperparameters(**{"max_new_tokens": 24, **gen})
-    kwargs = dict(
-        task=task, reward_fn=REWARD, gconfig=gconfig, tokenizer=str(model_path)
-    )
-    return engine.rollout_task(rows, WORKFLOW, kwargs, group_size=group_size)
-
-
-def run_concurrently(fns: dict[str, callable]) -> dict:
-    results, errors = {}, []
-
-    def call(key, fn):
-        try:
-            results[key] = fn()
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=call, args=kv) for kv in fns.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
 
 
 def test_register_three_tasks_serves_each_as_task_v0(
@@ -116,15 +64,16 @@ def test_mixed_batch_of_three_tasks_is_served_together(
     for task, path in zip(tasks, distinct_adapters, strict=False):
         engine.register_task(task, 0, path)
     rows = make_arithmetic_rows("multiplication", 6, 1, seed=3)
+    # Every sequence runs its 24 tokens: the three rollouts overlap for seconds,
+    # their threads start ms apart.
+    gen = dict(temperature=1.0, min_new_tokens=24, ignore_eos=True)
 
     results = run_concurrently(
-        {
-            t: (lambda t=t: rollout(engine, t, rows, model_path, temperature=1.0))
-            for t in tasks
-        }
+        {t: (lambda t=t: rollout(engine, t, rows, model_path, **gen)) for t in tasks}
     )
 
-    # The server ran requests of all three adapters in one batch at some point.
+    # The server ran requests of all three adapters in one batch at some point
+    # (vLLM keeps a sample for every set of adapters it ran together).
     running_sets = scrape(vllm_server.address).running_adapter_sets
     assert any({"m_a-v0", "m_b-v0", "m_c-v0"} <= s for s in running_sets)
     for task in tasks:
@@ -149,7 +98,9 @@ def test_publish_new_version_while_other_tasks_generate_fails_nothing(
     for task, path in (("p_a", a0), ("p_b", a1), ("p_c", a2)):
         engine.register_task(task, 0, path)
     rows = make_arithmetic_rows("addition", 6, 2, seed=5)
-    gen = dict(max_new_tokens=32)
+    # Every request runs its 64 tokens (64 decode steps, seconds here): those in
+    # flight when the publish starts are still in flight when it is done.
+    gen = dict(max_new_tokens=64, min_new_tokens=64, ignore_eos=True)
     engine.adapters.listener = log = LeaseLog()
     out: dict = {}
 
@@ -183,8 +134,8 @@ def test_publish_new_version_while_other_tasks_generate_fails_nothing(
         assert time.monotonic() < deadline, "rollouts never got in flight"
         time.sleep(0.05)
 
-    t_publish = time.time()
     retired = engine.publish("p_a", 1, a3)
+    t_publish = log.published_at["p_a-v1"]
     # p_a's next batch starts right away, on the new adapter.
     out["p_a_v1"] = rollout(engine, "p_a", rows[3:], model_path, **gen)
     for t in background:
@@ -198,7 +149,7 @@ def test_publish_new_version_while_other_tasks_generate_fails_nothing(
         for traj in out[key]:
             for s in trajectory_summary(traj)["samples"]:
                 assert s["versions"] == [want], key
-                assert 0 < len(s["output_ids"]) <= 32, key
+                assert len(s["output_ids"]) == 64, key
     # The other tasks really were generating while p_a published.
     for name in ("p_b-v0", "p_c-v0", "p_a-v0"):
         assert any(

@@ -12,8 +12,6 @@ from areal.api.io_struct import ModelRequest
 
 from areal_marlaas.tasks.answer_judge import JudgeClient
 
-from .test_rollout_multilora import engine as engine  # noqa: F401
-
 pytestmark = pytest.mark.vllm
 
 

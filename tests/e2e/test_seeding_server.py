@@ -11,10 +11,8 @@ from areal.api.cli_args import GenerationHyperparameters
 
 from areal_marlaas.rollout.seeding import RequestSeeds
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
-from tests.helpers import trajectory_summary
-
-from .test_rollout_multilora import REWARD, WORKFLOW, run_concurrently
-from .test_rollout_multilora import engine as engine  # noqa: F401
+from tests.support.rollouts import REWARD, WORKFLOW, run_concurrently
+from tests.support.snapshots import trajectory_summary
 
 pytestmark = pytest.mark.vllm
 

@@ -1,28 +1,27 @@
-"""The job service live: ``marlaas service`` as a user starts it (the real vLLM
-server, the real FSDP trainer, the real HTTP API), driven only through the
-official ``openai`` SDK (operators add tenants with ``marlaas service tenant
-add``). Slow: ``make test-service`` runs it in CI."""
+"""The job service live: ``marlaas service`` as a user starts it (the real
+trainer workers, the real HTTP API, the real vLLM server: the session's),
+driven only through the official ``openai`` SDK (operators add tenants with
+``marlaas service tenant add``). One service serves every test of this module,
+each with tenants of its own, as a service serves tenants; its store is
+PostgreSQL, with the concurrent writers of several jobs and two trainer
+workers. Slow: ``make test-live``."""
 
 from __future__ import annotations
 
 import io
-import json
-import sqlite3
-import subprocess
-import sys
 import tarfile
 import time
-from itertools import pairwise
 
+import httpx
 import openai
 import pytest
 
+from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.service.store import task_name_of
-from tests.conftest import REPO
-from tests.dashboard_helpers import DashboardPage, chromium
-from tests.service_live import (
+from tests.support import postgres as pg
+from tests.support.dashboard import DashboardPage, chromium
+from tests.support.service_live import (
     BASE,
-    CONFIG,
     MULTI,
     STRING_CHECK,
     LiveService,
@@ -33,6 +32,37 @@ from tests.service_live import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+SHAPE = [
+    "service.max_new_tokens=16",
+    "service.max_prompt_tokens=96",
+    "service.max_running_jobs=4",
+    "service.poll_interval_s=0.3",
+]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, vllm_server, postgres):
+    """The module's service: two trainer workers on AReaL's LocalScheduler,
+    attached to the session's vLLM server, its store on PostgreSQL, and a KV
+    budget that holds one rollout batch (2 prompts x 2 samples) at a time, so
+    that a job arriving while another rolls out waits ``queued``."""
+    budget = int(kv_of_one_batch(SHAPE) * 1.5)
+    live = LiveService(
+        tmp_path_factory.mktemp("svc"),
+        [
+            *SHAPE,
+            "scheduler.type=local",
+            "scheduler.trainers=2",
+            f"scheduler.kv_budget_bytes={budget}",
+            # Quoted: the URL's query (?host=...&port=...) holds '=' signs.
+            f"service.db_url='{pg.fresh_database(postgres)}'",
+        ],
+        vllm=vllm_server.address,
+    )
+    live.start()
+    yield live
+    live.stop()
 
 
 def all_events(client, job_id: str, limit: int) -> list:
@@ -49,23 +79,11 @@ def all_events(client, job_id: str, limit: int) -> list:
         after = page.data[-1].id
 
 
-def test_tenants_jobs_chat_results_isolation_cancel_and_queueing(tmp_path):
-    common = [
-        "scheduler.type=null",
-        "service.max_new_tokens=24",
-        "service.max_prompt_tokens=96",
-        "service.max_running_jobs=4",
-        "service.poll_interval_s=0.3",
-    ]
-    # One rollout batch (2 prompts x 2 samples) fits the KV budget at a time:
-    # jobs that arrive while another rolls out wait `queued`.
-    budget = int(kv_of_one_batch(common) * 1.5)
-    live = LiveService(
-        tmp_path / "svc", [*common, f"scheduler.kv_budget_bytes={budget}"]
-    )
+def test_tenants_jobs_chat_results_isolation_cancel_and_queueing(service, tmp_path):
+    live = service
     a = live.add_tenant("acme")
     b = live.add_tenant("bravo")
-    with live.running():
+    with live.on_failure():
         fa = a.files.create(file=("a.jsonl", lines(4, 1)), purpose="fine-tune")
         fb = b.files.create(file=("b.jsonl", lines(4, 2)), purpose="fine-tune")
         # graders.validate refuses a broken grader naming the field.
@@ -90,7 +108,6 @@ def test_tenants_jobs_chat_results_isolation_cancel_and_queueing(tmp_path):
         j_cancel = a.fine_tuning.jobs.create(
             model=BASE, training_file=fa.id, method=method(STRING_CHECK, n_epochs=3)
         )
-        time.sleep(3)
         j3 = b.fine_tuning.jobs.create(
             model=BASE, training_file=fb.id, method=method(STRING_CHECK)
         )
@@ -203,82 +220,15 @@ def test_tenants_jobs_chat_results_isolation_cancel_and_queueing(tmp_path):
     print({j: s for j, s in seen.items()})
 
 
-def test_killed_service_resumes_every_job_from_its_last_commit(tmp_path):
-    common = [
-        "scheduler.type=null",
-        "service.max_new_tokens=16",
-        "service.max_prompt_tokens=96",
-        "service.poll_interval_s=0.3",
-        "service.keep_checkpoints=0",  # every commit must survive the kill
-    ]
-    live = LiveService(tmp_path / "svc", common)
-    a = live.add_tenant("acme")
-    with live.running():
-        f = a.files.create(file=("a.jsonl", lines(4, 3)), purpose="fine-tune")
-        jobs = [
-            a.fine_tuning.jobs.create(
-                model=BASE,
-                training_file=f.id,
-                method=method(STRING_CHECK, n_epochs=2),
-            )
-            for _ in range(2)
-        ]
-        deadline = time.monotonic() + 900
-        while not any(a.fine_tuning.jobs.checkpoints.list(j.id).data for j in jobs):
-            assert time.monotonic() < deadline, live.tail()
-            time.sleep(0.5)
-        before = {
-            j.id: sorted(
-                c.step_number for c in a.fine_tuning.jobs.checkpoints.list(j.id).data
-            )
-            for j in jobs
-        }
-        live.kill9()  # the service and, through its reaper, the vLLM server
-
-        live.start()
-        done = wait_all(a, [j.id for j in jobs], 1500)
-        after = {
-            j.id: sorted(
-                c.step_number
-                for c in a.fine_tuning.jobs.checkpoints.list(j.id, limit=100).data
-            )
-            for j in jobs
-        }
-
-    for j in jobs:
-        job = done[j.id]
-        assert job.status == "succeeded", (job, live.tail())
-        # Nothing lost, nothing twice, and what was there before is still there.
-        assert after[j.id] == list(range(1, job.steps_done + 1)) == [1, 2, 3, 4]
-        assert set(before[j.id]) <= set(after[j.id])
-    db = sqlite3.connect(tmp_path / "svc" / "service.db")
-    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    assert db.execute("PRAGMA foreign_key_check").fetchall() == []
-    # The run store's step log: each job's versions once each, contiguous.
-    run = tmp_path / "svc" / "runs" / "marlaas-service" / "service"
-    logged: dict[str, list[int]] = {}
-    for line in (run / "steps.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        logged.setdefault(r["task"], []).append(r["version"])
-    assert sorted(logged.values()) == [[1, 2, 3, 4], [1, 2, 3, 4]], logged
-    print(f"checkpoints before the kill: {before}")
-
-
-def test_validation_evals_metrics_and_best_checkpoints(tmp_path):
+def test_validation_evals_metrics_and_best_checkpoints(service):
     """A job with a validation file evaluated after every step, through the SDK:
     one metrics event per step in OpenAI's shape whose validation mean is its
     eval run's, per sub-grader scores, the newest and best 3 checkpoints kept,
     and the eval hidden from another tenant."""
-    common = [
-        "scheduler.type=null",
-        "service.max_new_tokens=16",
-        "service.max_prompt_tokens=96",
-        "service.poll_interval_s=0.3",
-    ]
-    live = LiveService(tmp_path / "svc", common)
+    live = service
     a, b = live.add_tenant("acme"), live.add_tenant("bravo")
-    admin = live.marlaas("service", "admin-key", "--config", CONFIG, *live.overrides)
-    with live.running(), chromium() as browser:
+    admin = live.admin_key()
+    with live.on_failure(), chromium() as browser:
         train = a.files.create(file=("t.jsonl", lines(10, 5)), purpose="fine-tune")
         valid = a.files.create(file=("v.jsonl", lines(3, 6)), purpose="fine-tune")
         j = a.fine_tuning.jobs.create(
@@ -381,106 +331,71 @@ def test_validation_evals_metrics_and_best_checkpoints(tmp_path):
         ops = DashboardPage(browser, f"http://127.0.0.1:{live.port}")
         ops.sign_in(admin.strip())
         ops.page.wait_for_selector(f'.all-jobs tr[data-job="{j.id}"]')
-        ops.page.wait_for_selector('[data-chart="ttfs"][data-points="1"]')
+        # Every job of the service with a first step so far is charted.
+        ops.page.wait_for_selector('[data-chart="ttfs"]:not([data-points="0"])')
         ops.shot("dashboard-admin")
         assert ops.errors == []
         ops.close()
 
 
-def test_two_trainer_workers_serve_two_tenants_jobs(tmp_path):
+TENANTS = {"acme": 2, "globex": 1}  # jobs each
+
+
+def test_two_tenants_jobs_on_two_trainer_workers_and_their_usage(service):
     """scheduler.trainers=2 on AReaL's LocalScheduler: each job's task is placed
-    on one trainer worker when it is handed over and trains only there; both
-    jobs finish with every checkpoint."""
-    common = [
-        "scheduler.type=local",
-        "scheduler.trainers=2",
-        "service.max_new_tokens=16",
-        "service.max_prompt_tokens=96",
-        "service.poll_interval_s=0.3",
-    ]
-    live = LiveService(tmp_path / "svc", common)
-    clients = [live.add_tenant(name) for name in ("acme", "globex")]
-    with live.running():
-        jobs = []
-        for i, c in enumerate(clients):
-            f = c.files.create(file=("a.jsonl", lines(4, i)), purpose="fine-tune")
-            jobs.append(
-                c.fine_tuning.jobs.create(
+    on one trainer worker when it is handed over and trains only there, and
+    every job finishes with every checkpoint. What the API reports of usage
+    (each job's ``usage``, the operator's ``/v1/admin/usage`` per tenant) is
+    the sum over the run directory's step records, which the trainer writes
+    independently of the job database."""
+    live = service
+    clients = {name: live.add_tenant(name) for name in TENANTS}
+    admin = live.admin_key()
+    with live.on_failure():
+        mine: dict[str, list[str]] = {}
+        for i, (name, c) in enumerate(clients.items()):
+            for j in range(TENANTS[name]):
+                f = c.files.create(
+                    file=("a.jsonl", lines(4, 10 * i + j)), purpose="fine-tune"
+                )
+                job = c.fine_tuning.jobs.create(
                     model=BASE, training_file=f.id, method=method(STRING_CHECK)
                 )
-            )
-        done = [
-            wait_all(c, [j.id], 900)[j.id] for c, j in zip(clients, jobs, strict=False)
-        ]
-        for c, j, job in zip(clients, jobs, done, strict=False):
-            assert job.status == "succeeded", (job, live.tail())
-            steps = sorted(
-                x.step_number for x in c.fine_tuning.jobs.checkpoints.list(j.id).data
-            )
-            assert steps == list(range(1, job.steps_done + 1)) == [1, 2]
-    run = tmp_path / "svc" / "runs" / "marlaas-service" / "service"
-    records = [json.loads(x) for x in (run / "steps.jsonl").read_text().splitlines()]
-    placed = {}
+                mine.setdefault(name, []).append(job.id)
+        done = {name: wait_all(clients[name], ids, 900) for name, ids in mine.items()}
+        for name, jobs in done.items():
+            for job in jobs.values():
+                assert job.status == "succeeded", job
+                ckpts = clients[name].fine_tuning.jobs.checkpoints.list(job.id).data
+                steps = sorted(x.step_number for x in ckpts)
+                assert steps == list(range(1, job.steps_done + 1)) == [1, 2]
+        body = httpx.get(
+            f"http://127.0.0.1:{live.port}/v1/admin/usage",
+            headers={"Authorization": f"Bearer {admin}"},
+        ).json()
+
+    tasks = {task_name_of(j) for ids in mine.values() for j in ids}
+    records = [
+        r for r in read_jsonl(live.run_dir / "steps.jsonl") if r["task"] in tasks
+    ]
+    placed: dict[str, int] = {}
     for r in records:
         assert placed.setdefault(r["task"], r["trainer"]) == r["trainer"]
-    assert sorted(placed.values()) == [0, 1], records
-    assert (run / "logs" / "actor1.log").is_file()
-    # Usage in the API is the sum over the run directory's step records.
-    for job in done:
-        mine = [r for r in records if r["task"] == task_name_of(job.id)]
-        usage = job.usage  # type: ignore[attr-defined]
-        assert usage["trainer_s"] == pytest.approx(sum(r["train_s"] for r in mine))
-        assert usage["generated_tokens"] == sum(r["trained_tokens"] for r in mine)
-
-
-def test_bench_service_runs_async_and_fifo_services_under_poisson_load(tmp_path):
-    out = tmp_path / "bench"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "areal_marlaas.cli",
-            "bench-service",
-            "--config",
-            str(REPO / "configs" / "bench_service.yaml"),
-            "load.jobs=3",
-            "load.rates_per_min=[30]",
-            "load.repeats=1",
-            f"load.out={out}",
-            "service.max_new_tokens=16",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    result = json.loads((out / "bench_service.json").read_text())
-    runs = {r["service"]: r for r in result["runs"]}
-    assert set(runs) == {"async", "fifo"}
-    spans = {}
-    for service, r in runs.items():
-        assert r["status"] == "ok", r
-        m = r["metrics"]
-        assert (m["jobs"], m["succeeded"], m["steps"]) == (3, 3, 6)
-        # The service's own TTFS, and the commits the TPTS comes from.
-        assert all(0 < j["ttfs_s"] < m["window_s"] for j in r["jobs"])
-        assert all(len(j["commits"]) == 2 for j in r["jobs"])
-        # Where TTFS went, from the jobs' events: every part known.
-        assert all(len(j["queue_wait_s"]) == len(j["train_s"]) == 2 for j in r["jobs"])
-        assert all(j["waiting_s"] is not None for j in r["jobs"])
-        assert m["ttfs_parts"]["first_batch_s"] > 0 and m["ttfs_parts"]["train_s"] > 0
-        spans[service] = [(j["commits"][0], j["commits"][-1]) for j in r["jobs"]]
-    # fifo: one job at a time, in arrival order; async: jobs overlap.
-    fifo = spans["fifo"]
-    assert all(a[1] < b[0] for a, b in pairwise(fifo)), fifo
-    assert any(a[1] > b[0] for a, b in pairwise(spans["async"]))
-    # Which service gives the lower TTFS is what bench-service measures, not a
-    # behaviour: with 3 jobs on 2 shared cores async's last first step once came
-    # later than FIFO's third (CI: 54.6 vs 50.2 s). The queueing is asserted.
-    # FIFO's third job waited for the two before it to finish (>= 2 of its
-    # steps each), in the service's job queue, before it ran.
-    third = runs["fifo"]["jobs"][2]
-    assert third["waiting_s"] >= sum(runs["fifo"]["jobs"][0]["train_s"])
-    md = (out / "bench_service.md").read_text()
-    assert "| async | 30 | 1 |" in md and "| fifo | 30 | 1 |" in md
-    assert (out / "ttfs_by_arrival.png").stat().st_size > 0
+    assert set(placed) == tasks and set(placed.values()) == {0, 1}, records
+    assert (live.run_dir / "logs" / "actor1.log").is_file()
+    tenants = {t["tenant"]: t for t in body["tenants"]}
+    for name, jobs in done.items():
+        theirs = []
+        for job in jobs.values():
+            steps = [r for r in records if r["task"] == task_name_of(job.id)]
+            assert [r["version"] for r in steps] == [1, 2]
+            usage = job.usage  # type: ignore[attr-defined]
+            assert usage["trainer_s"] == pytest.approx(sum(r["train_s"] for r in steps))
+            tokens = sum(r["trained_tokens"] for r in steps)
+            assert tokens > 0
+            assert usage["generated_tokens"] == usage["trained_tokens"] == tokens
+            theirs += steps
+        tenant = tenants[clients[name].tenant]
+        assert tenant["jobs"] == TENANTS[name]
+        assert tenant["trainer_s"] == pytest.approx(sum(r["train_s"] for r in theirs))
+        assert tenant["trained_tokens"] == sum(r["trained_tokens"] for r in theirs)

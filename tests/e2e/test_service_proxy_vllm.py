@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from areal_marlaas.service.router import VLLMModelRouter
-from tests.service_helpers import BASE, create_job, start_service, upload
+from tests.support.service_api import BASE, create_job, start_service, upload
 
 pytestmark = pytest.mark.vllm
 

@@ -36,6 +36,18 @@ def steps_of(client, jobs) -> dict[str, list[int]]:
     }
 
 
+def checkpoints_in_the_store(live: LiveService) -> dict[str, list[int]]:
+    """Each job's checkpoints, read from the SQLite store of a stopped service."""
+    db = sqlite3.connect(live.root / "service.db")
+    out: dict[str, list[int]] = {}
+    for job, step in db.execute(
+        "SELECT job_id, step_number FROM checkpoints ORDER BY step_number"
+    ):
+        out.setdefault(job, []).append(step)
+    db.close()
+    return out
+
+
 def assert_stopped_cleanly(live: LiveService, sig: int) -> None:
     """``sig`` to the group: exit code 0, no traceback, no process left behind,
     and the store closed (SQLite removes its write-ahead log when the last
@@ -80,7 +92,10 @@ def test_killed_then_stopped_service_resumes_every_job_from_its_last_commit(
             assert time.monotonic() < deadline, live.tail()
             time.sleep(0.5)
         killed_at = steps_of(a, jobs)
-        live.kill9()  # the service and, through its reaper, the vLLM server
+        # SIGKILL to the group: the workers (sessions of their own) and the vLLM
+        # server go with the service, through their reapers.
+        code, left = live.signal_group(signal.SIGKILL)
+        assert code == -signal.SIGKILL and left == [], left
 
         # Restarted, it resumes; SIGTERM to the group once it committed again,
         # while the jobs still run: it drains to a committed version and ends.
@@ -92,7 +107,7 @@ def test_killed_then_stopped_service_resumes_every_job_from_its_last_commit(
         assert any(a.fine_tuning.jobs.retrieve(j.id).status == "running" for j in jobs)
         assert_stopped_cleanly(live, signal.SIGTERM)
         assert "drained: every job stopped at a committed version" in live.output()
-        stopped_at = steps_of(a, jobs)
+        stopped_at = checkpoints_in_the_store(live)
 
         # Started again, it finishes them; then Ctrl-C (SIGINT to the group).
         live.start()

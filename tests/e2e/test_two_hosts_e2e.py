@@ -1,4 +1,4 @@
-"""Two hosts for real (``tests/two_hosts.py``): the trainer and the driver on
+"""Two hosts for real (``tests/support/two_hosts.py``): the trainer and the driver on
 host 1, the rollout worker and its vLLM server on host 2, each with its own
 address, ``/tmp`` and ``/dev/shm``, and no view of host 1's run directory.
 Adapters reach host 2 only by being pushed. Slow: ``make test-ray``."""
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.two_hosts import TwoHosts
-
-from .test_train_e2e import TASKS, check_run_dir, read_jsonl
+from areal_marlaas.rundir.reader import read_jsonl
+from tests.support.paths import REPO
+from tests.support.runs import TASKS, check_run_dir
+from tests.support.two_hosts import TwoHosts
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -77,8 +77,6 @@ def test_quickstart_across_two_hosts_pushes_every_adapter_and_outlives_host_2(
     host 2, minutes on CI): every adapter reaches host 2 by push, and losing
     host 2 mid-run is a server fault the run resumes from on its new node."""
     hosts = two_hosts
-    worker = {"cpus": 2, "memory_gib": 3}
-    hosts.start_ray(head={"cpus": 1, "memory_gib": 6}, worker=worker)
 
     # A shared filesystem is asked for but host 2 does not see the run
     # directory: refused before anything is placed, naming the folder and fix.
@@ -96,7 +94,7 @@ def test_quickstart_across_two_hosts_pushes_every_adapter_and_outlives_host_2(
     assert "scheduler.ray.adapter_transport=push" in refused.stderr
 
     # The default (auto) pushes. Watch where the vLLM server runs meanwhile.
-    args = [a.replace("total_steps=2", "total_steps=4") for a in argv(hosts, "push")]
+    args = [a.replace("total_steps=2", "total_steps=3") for a in argv(hosts, "push")]
     # As for any server fault, work the loss cut is redone at the same version.
     args.append("scheduler.task_retries=2")
     run = hosts.root / "marlaas-quickstart" / "push"
@@ -127,7 +125,7 @@ def test_quickstart_across_two_hosts_pushes_every_adapter_and_outlives_host_2(
         }
         hosts.lose(hosts.h2)  # host 2 dies mid-run with its node and server
         time.sleep(10)
-        hosts.start_node(hosts.h2, worker)  # and comes back
+        hosts.start_node(hosts.h2)  # and comes back
         watch(lambda: False)
     finally:
         if proc.poll() is None:
@@ -138,12 +136,12 @@ def test_quickstart_across_two_hosts_pushes_every_adapter_and_outlives_host_2(
     logs = text + "".join(p.read_text() for p in run_logs(hosts, "push"))
     assert f"launched servers ['{hosts.h2.ip}:" in logs
 
-    check_run_dir(run, steps_each=4)
+    check_run_dir(run, steps_each=3)
     events = read_jsonl(run / "events.jsonl")
     pushes = [e for e in events if e.get("transfer")]
     for task in TASKS:
         mine = {e["version"]: e for e in pushes if e["task"] == task}
-        assert sorted(mine) == [0, 1, 2, 3, 4], mine
+        assert sorted(mine) == [0, 1, 2, 3], mine
         for version, e in mine.items():
             # Host 2 read back what host 1's trainer wrote, byte for byte.
             assert e["served_sha256"] == [e["sha256"]]
@@ -180,7 +178,7 @@ def test_quickstart_across_two_hosts_pushes_every_adapter_and_outlives_host_2(
             ]
         ),
     )
-    # (Every task committing v1-v4 once: check_run_dir above.)
+    # (Every task committing v1-v3 once: check_run_dir above.)
     # Versions committed before the loss are untouched (those retention kept).
     kept = {f: d for f, d in before.items() if f.is_dir()}
     assert kept and all(folder_digest(f) == d for f, d in kept.items()), before
@@ -188,9 +186,6 @@ def test_quickstart_across_two_hosts_pushes_every_adapter_and_outlives_host_2(
 
 def test_service_across_two_hosts_trains_and_chats_on_host_2(two_hosts):
     hosts = two_hosts
-    hosts.start_ray(
-        head={"cpus": 1, "memory_gib": 6}, worker={"cpus": 2, "memory_gib": 3}
-    )
     svc = hosts.root / "svc"
     port = 18000
     overrides = [
@@ -233,7 +228,7 @@ def test_service_across_two_hosts_trains_and_chats_on_host_2(two_hosts):
             f"PYTHONPATH={REPO}",
             sys.executable,
             "-m",
-            "tests.two_hosts_client",
+            "tests.support.two_hosts_client",
             str(port),
             key,
             timeout=1500,

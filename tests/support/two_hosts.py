@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
+
 SCRIPT = REPO / "scripts" / "two_hosts.sh"
 RAY = str(Path(sys.executable).parent / "ray")
 GIB = 1024**3
@@ -88,6 +89,7 @@ class TwoHosts:
     h1: Host
     h2: Host
     ray: dict[int, list[str]] = field(default_factory=dict)
+    resources: dict[int, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ray_address(self) -> str:
@@ -96,11 +98,14 @@ class TwoHosts:
     def start_ray(self, head: dict[str, int], worker: dict[str, int]) -> None:
         """``ray start`` on each host with these logical resources ({cpus,
         memory_gib}); each node advertises its own address."""
-        self.start_node(self.h1, head)
-        self.start_node(self.h2, worker)
+        self.resources = {1: head, 2: worker}
+        self.start_node(self.h1)
+        self.start_node(self.h2)
 
-    def start_node(self, host: Host, res: dict[str, int]) -> None:
-        """Host 1's head, or a node joining it (again, after a loss)."""
+    def start_node(self, host: Host) -> None:
+        """Host 1's head, or a node joining it (again, after a loss), with the
+        resources ``start_ray`` gave it."""
+        res = self.resources[host.index]
         if host.index == 1:
             role = ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"]
         else:

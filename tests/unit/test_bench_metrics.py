@@ -17,6 +17,7 @@ from areal_marlaas.bench.run_metrics import (
 )
 from areal_marlaas.config import ConfigError
 from areal_marlaas.rundir.phases import phase_stats
+from tests.support.bench import BENCH_YAML
 
 T0 = 1000.0
 
@@ -181,21 +182,6 @@ def test_ratios_vs_sequential():
     assert r["async"]["speedup_vs_sequential"] == 2.5
     assert r["async"]["throughput_vs_sequential"] == 2.5
     assert r["broken"]["speedup_vs_sequential"] is None
-
-
-BENCH_YAML = """
-experiment_name: bench-test
-trial_name: t0
-tasks:
-  - {name: mul1, kind: multiplication, dataset: {digits: 1, size: 100},
-     batch_size: 2, n_samples: 2, max_new_tokens: 16, total_steps: 5, seed: 11}
-  - {name: add1, kind: addition, dataset: {digits: 1, size: 100},
-     batch_size: 2, n_samples: 2, max_new_tokens: 16, total_steps: 5, seed: 3}
-bench:
-  task: mul1
-  replicas: 8
-  steps: 3
-"""
 
 
 @pytest.fixture

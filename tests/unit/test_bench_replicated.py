@@ -5,9 +5,10 @@ that would not fit, and the memory the sampler reads."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -18,7 +19,7 @@ from areal_marlaas.bench.run_metrics import memory_peaks
 from areal_marlaas.bench.sampler import machine_used_bytes, tree_memory_bytes
 from areal_marlaas.config import BenchConfig, ConfigError, load_config
 from areal_marlaas.config.bench import BenchRunConfig
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 
 def bench_cfg(*overrides: str) -> BenchRunConfig:
@@ -78,24 +79,35 @@ def test_a_run_projected_past_the_memory_limit_is_not_started(tmp_path):
     assert not (tmp_path / "replicated").exists()  # nothing was launched
 
 
+# A child that holds 300 MiB (every page touched), says so, then waits.
+HOLDER = (
+    "import sys, time; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]);"
+    " print('held', flush=True); time.sleep(60)"
+)
+
+
 def test_memory_of_a_process_tree_and_its_peak():
-    code = "import time; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(30)"  # noqa: E501
+    # parent -> child: the child's memory counts for the parent's tree.
     parent = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            f"import subprocess, sys; subprocess.run([sys.executable, '-c', {code!r}])",
-        ]  # noqa: E501
+            "import subprocess, sys; "
+            f"subprocess.run([sys.executable, '-c', {HOLDER!r}])",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # one group to end, the child with it
     )
     try:
-        time.sleep(3)
+        assert parent.stdout is not None and parent.stdout.readline() == "held\n"
         mem = tree_memory_bytes(parent.pid)  # the child holds the 300 MiB
         assert 300 * 2**20 < mem < 400 * 2**20, mem / 2**20
         assert tree_memory_bytes([parent.pid, parent.pid]) >= 2 * 300 * 2**20
         assert machine_used_bytes() > mem
     finally:
-        parent.kill()
-        subprocess.run(["pkill", "-f", "bytearray\\(300"], check=False)
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
     samples = [
         {"server_mem": 1 * 2**30, "trainer_mem": 2 * 2**30, "machine_mem": 9 * 2**30},
         {"server_mem": 1 * 2**30, "trainer_mem": 4 * 2**30, "machine_mem": 8 * 2**30},

@@ -173,7 +173,7 @@ def test_shipped_config_loads_and_sets_the_services_apart():
     from omegaconf import OmegaConf
 
     from areal_marlaas.bench.service_bench import ServiceBench, load_service_bench
-    from tests.conftest import REPO
+    from tests.support.paths import REPO
 
     cfg, base, overrides = load_service_bench(
         [
@@ -308,7 +308,7 @@ def test_summary_and_markdown_carry_each_tenant_and_the_fairness():
 def test_shipped_tenants_config_sets_fair_shares_and_per_tenant_caps():
     from areal_marlaas.bench.service_bench import ServiceBench, load_service_bench
     from areal_marlaas.service.cli import load_service_config
-    from tests.conftest import REPO
+    from tests.support.paths import REPO
 
     cfg, base, overrides = load_service_bench(
         ["--config", str(REPO / "configs" / "bench_service_tenants.yaml")]
@@ -340,7 +340,7 @@ def test_shipped_tenants_config_sets_fair_shares_and_per_tenant_caps():
 
 def test_shipped_weights_config_runs_two_weighted_tenants_under_fair():
     from areal_marlaas.bench.service_bench import ServiceBench, load_service_bench
-    from tests.conftest import REPO
+    from tests.support.paths import REPO
 
     cfg, base, overrides = load_service_bench(
         ["--config", str(REPO / "configs" / "bench_service_weights.yaml")]

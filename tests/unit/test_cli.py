@@ -14,7 +14,7 @@ import pytest
 
 from areal_marlaas.cli import _parse, build_parser
 from areal_marlaas.cli.args import config_argv
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 CONSOLE = Path(sys.executable).with_name("marlaas")
 MODULE = [sys.executable, "-m", "areal_marlaas.cli"]
@@ -203,6 +203,8 @@ def test_result_folders_default_to_the_ignored_runs_folder():
     assert outs == {
         ("bench-learning",): "runs/learning",
         ("bench-train-step",): "runs/train_step",
+        ("simulate",): "runs/sim/sim.json",
+        ("simulate-service",): "runs/sim_service/sim_service.json",
     }
     assert "/runs/" in (REPO / ".gitignore").read_text().split()
 

@@ -22,7 +22,7 @@ from areal_marlaas.config.server import (
     RolloutServerConfig,
 )
 from areal_marlaas.train.heap import KEEP_ENV
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
 SMALL = [
@@ -400,8 +400,7 @@ class FakeController:
 def test_servers_on_workers_are_supervised_through_the_workers():
     from areal_marlaas.rollout.controller import WorkerServers
     from areal_marlaas.rollout.supervisor import ServerSupervisor, SupervisedRollout
-
-    from .test_fault import FakeBackend
+    from tests.support.runtime_fakes import FakeBackend
 
     controller = FakeController()
     servers = WorkerServers(controller)

@@ -9,7 +9,7 @@ import yaml
 
 from areal_marlaas.cli import main as marlaas
 from areal_marlaas.config import ConfigError, load_config
-from tests.conftest import SHARED_DATA
+from tests.support.paths import SHARED_DATA
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "configs").glob("*.yaml"))

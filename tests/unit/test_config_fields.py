@@ -10,11 +10,11 @@ import pytest
 from areal_marlaas.config import ConfigError, load_config
 from areal_marlaas.config.run import _UNUSED_SECTIONS, UNHONORED
 from areal_marlaas.config.tasks import TaskPPOConfig
-from tests.conftest import REPO
+from tests.support.engines import make_engine, ragged_batch
+from tests.support.paths import REPO
 
-from .test_train_engine import make_engine, ragged_batch
-from .test_train_engine import single_rank_env as single_rank_env  # noqa: F401
-from .test_train_engine import tiny as tiny  # noqa: F401
+# The FSDP engine is built in this process, as one rank.
+pytestmark = pytest.mark.usefixtures("single_rank_env")
 
 QUICKSTART = ["--config", str(REPO / "configs" / "quickstart.yaml")]
 

@@ -16,8 +16,8 @@ from areal_marlaas.config.scheduler import MARLaaSSchedulerConfig
 from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.scheduler.runtime import Runtime
 from areal_marlaas.train.elastic import ElasticCores, ElasticTrainBackend
-from tests.unit.test_bench_metrics import BENCH_YAML
-from tests.unit.test_runtime import Rollout, Trainer, store, task
+from tests.support.bench import BENCH_YAML
+from tests.support.runtime_fakes import Rollout, Trainer, store, task
 
 needs_two = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to borrow one"

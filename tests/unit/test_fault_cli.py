@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from areal_marlaas.cli import main
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 CASES = {
     "syntax": (

@@ -10,11 +10,15 @@ import pytest
 import torch
 
 from areal_marlaas.train.engine import TASK_STATE, NonFiniteUpdateError, _task_rng
-from tests.helpers import assert_bitwise_equal, lora_snapshot, optimizer_snapshot
+from tests.support.engines import make_engine, ragged_batch
+from tests.support.snapshots import (
+    assert_bitwise_equal,
+    lora_snapshot,
+    optimizer_snapshot,
+)
 
-from .test_train_engine import make_engine, ragged_batch
-from .test_train_engine import single_rank_env as single_rank_env  # noqa: F401
-from .test_train_engine import tiny as tiny  # noqa: F401
+# The FSDP engine is built in this process, as one rank.
+pytestmark = pytest.mark.usefixtures("single_rank_env")
 
 
 def test_nan_loss_restores_weights_and_optimizer_and_raises(tiny):  # noqa: F811

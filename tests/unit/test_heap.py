@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from areal_marlaas.train.heap import KEEP_ENV
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="glibc malloc settings"

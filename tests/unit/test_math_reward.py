@@ -11,7 +11,7 @@ from areal_marlaas.tasks import KINDS, SEARCH_WORKFLOW, load_task_rows
 from areal_marlaas.tasks.competition_math import math_verify_reward_fn, reference_answer
 from areal_marlaas.workflows import RLVR_WORKFLOW as WORKFLOW
 from areal_marlaas.workflows import task_workflow
-from tests.conftest import SHARED_DATA
+from tests.support.paths import SHARED_DATA
 
 needs_data = pytest.mark.skipif(
     not SHARED_DATA.is_dir(), reason=f"no shared data at {SHARED_DATA}"

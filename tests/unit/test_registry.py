@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from areal_marlaas.rollout.registry import AdapterRegistry
-from tests.helpers import LeaseLog
+from tests.support.leases import LeaseLog
 
 
 def test_lease_pins_version_across_a_publish():

@@ -10,7 +10,7 @@ import pytest
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
 from areal_marlaas.tasks.gsm8k import load_gsm8k_rows
 from areal_marlaas.tasks.rewards import extract_final_answer, numeric_answer_reward_fn
-from tests.conftest import SHARED_DATA
+from tests.support.paths import SHARED_DATA
 
 
 @pytest.mark.parametrize(

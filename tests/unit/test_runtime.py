@@ -7,110 +7,14 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
-import torch
 
 from areal_marlaas.rundir.reader import read_jsonl
-from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.scheduler.backends import RolloutBackend, TrainBackend
-from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions, TaskRun
-from areal_marlaas.tasks.prompt_order import TaskData
+from areal_marlaas.scheduler.runtime import Runtime, RuntimeOptions
 from areal_marlaas.train.pool import TrainerPool
-from areal_marlaas.trajectory import failure
-
-
-def traj(version: int, reward: float = 1.0) -> dict:
-    return {
-        "loss_mask": torch.tensor([[0, 1, 1]]),
-        "versions": torch.tensor([[-1, version, version]]),
-        "rewards": torch.tensor([reward]),
-        "env_intervals": [10.0, 11.5],
-    }
-
-
-class Rollout:
-    def __init__(self, gate: threading.Event | None = None, fail: str = ""):
-        self.gate = gate
-        self.fail = fail
-        self.version: dict[str, int] = {}
-        self.priorities: list[tuple[str, int]] = []
-
-    def publish(self, task, version, path):
-        self.version[task] = version
-
-    def set_priority(self, task, priority):
-        self.priorities.append((task, priority))
-
-    def remove_task(self, task):
-        pass
-
-    def rollout_task(self, rows, workflow, kwargs=None, group_size=1, timeout=None):
-        if self.gate is not None:
-            assert self.gate.wait(60), "the probe was never polled enough"
-        if self.fail:
-            return [failure(self.fail) for _ in rows]
-        return [traj(self.version.get(workflow, 0)) for _ in rows]
-
-
-class Trainer:
-    """A pool of one trainer: every task is on trainer 0."""
-
-    count = 1
-
-    def __init__(self, skew: int = 0):
-        self.version: dict[str, int] = {}
-        self.skew = skew
-
-    def place(self, task):
-        return 0
-
-    def unplace(self, task):
-        pass
-
-    def trainer_of(self, task):
-        return 0
-
-    def remove_task(self, task):
-        pass
-
-    def train_task(self, task, batch):
-        self.version[task] = self.version.get(task, 0) + 1
-        return {
-            "version": self.version[task] + self.skew,
-            "stats": {},
-            "audit": {
-                "logprob_gap_mean": None,
-                "logprob_gap_max": None,
-                "audited_tokens": 0,
-            },
-            "process": {"page_faults": 0},
-        }
-
-    def save_adapter(self, task, path):
-        Path(path).mkdir(parents=True, exist_ok=True)
-        (Path(path) / "adapter_model.safetensors").write_bytes(b"x")
-
-    def save_task_state(self, task, path):
-        pass
-
-    def release_batch(self, batch):
-        pass
-
-
-def task(name: str, steps: int = 1) -> TaskRun:
-    rows = [{"messages": [{"role": "user", "content": str(i)}]} for i in range(4)]
-    # The stand-in rollout reads the task name from the workflow argument.
-    return TaskRun(name, steps, 2, 2, TaskData(rows, 0), name, {})
-
-
-def store(tmp_path) -> RunStore:
-    s = RunStore(tmp_path / "run")
-    for name in ("a", "b"):
-        Trainer().save_adapter(name, s.adapter_dir(name, 0))
-        s.commit(name, 0, {"cursor": 0, "steps": 0})
-    return s
+from tests.support.runtime_fakes import Rollout, Trainer, store, task
 
 
 def test_the_stand_ins_have_all_the_runtime_calls():
@@ -244,18 +148,33 @@ def test_a_task_refused_by_admission_in_the_service_frees_its_trainer_and_adapte
     assert pool.engines[0].tasks == set()
 
 
-class SlowEvals(Rollout):
-    """Eval batches (group size 1) take ``eval_s``; training batches are quick."""
+class EvalsWaitForAStep(Rollout):
+    """Eval batches (group size 1) return only once ``stepped`` is set (at most
+    30 s); training batches are quick."""
 
-    def __init__(self, eval_s: float):
+    def __init__(self, stepped: threading.Event):
         super().__init__()
-        self.eval_s = eval_s
+        self.stepped = stepped
 
     def rollout_task(self, rows, workflow, kwargs=None, group_size=1, timeout=None):
         # Versions are pinned when requests are made, as the real engine does.
         out = super().rollout_task(rows, workflow, kwargs, group_size, timeout)
         if group_size == 1:
-            time.sleep(self.eval_s)
+            self.stepped.wait(30)
+        return out
+
+
+class SignalsVersion(Trainer):
+    """Sets ``stepped`` once a step commits ``version``."""
+
+    def __init__(self, version: int, stepped: threading.Event):
+        super().__init__()
+        self.target, self.stepped = version, stepped
+
+    def train_task(self, task, batch):
+        out = super().train_task(task, batch)
+        if out["version"] == self.target:
+            self.stepped.set()
         return out
 
 
@@ -267,7 +186,11 @@ def test_evals_run_beside_the_next_rollout_and_land_in_the_run_directory(tmp_pat
     options = RuntimeOptions(
         on_eval=lambda r, _: seen.append((r["version"], r["reward_mean"]))
     )
-    summary = Runtime([t], SlowEvals(0.5), Trainer(), s, options).run()
+    # The eval of v2 ends only once the v2 -> v3 step is done: a runtime that
+    # waited for the eval before that rollout would keep it waiting 30 s.
+    stepped = threading.Event()
+    rollout, trainer = EvalsWaitForAStep(stepped), SignalsVersion(3, stepped)
+    summary = Runtime([t], rollout, trainer, s, options).run()
 
     assert summary["tasks"]["a"]["status"] == "done"
     assert summary["tasks"]["a"]["eval_last"] == (3, 1.0)
@@ -280,7 +203,7 @@ def test_evals_run_beside_the_next_rollout_and_land_in_the_run_directory(tmp_pat
     # Generated by the version it evaluates, and every row's sample is kept.
     assert [e["versions"] for e in evals] == [[2], [3]]
     assert len(s.eval_samples("a", 2)) == 3
-    # The eval of v2 (0.5 s) ran beside the rollout and step of v2 -> v3.
+    # The eval of v2 ran beside the rollout and step of v2 -> v3.
     phases = {
         (e["phase"], e["version"]): e for e in read_jsonl(s.events_path) if "phase" in e
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ from areal_marlaas.scheduler.core import (
     StartRollout,
     StartTrain,
     Submitted,
+    TaskError,
     TaskPaused,
     TrainDone,
 )
@@ -189,6 +191,24 @@ def test_pause_stops_after_the_committed_version_and_resume_continues():
     assert core.handle(PublishDone("a", 1)) == [TaskPaused("a", 1)]
     assert core.tasks["a"].phase == "paused"
     assert core.handle(Resume("a")) == [StartRollout("a", 1)]
+
+
+@pytest.mark.parametrize("phase", ["rollout", "train"])
+def test_a_step_that_fails_while_pausing_pauses_the_task_never_fails_it(phase):
+    """What a drain at shutdown meets when the stop signal also ended a worker:
+    the failed work is dropped and the task pauses at its committed version,
+    even with no retries left, and a resume redoes the step."""
+    core = SchedulerCore(task_retries=0)
+    core.handle(Submitted("a", 3))
+    if phase == "train":
+        assert core.handle(RolloutDone("a", 0)) == [StartTrain("a", 0)]
+    assert core.handle(Pause("a")) == []
+
+    out = core.handle(TaskError("a", "WorkerFailedError: exit code -15"))
+
+    assert out == [TaskPaused("a", 0)]
+    assert core.tasks["a"].phase == "paused" and core.tasks["a"].version == 0
+    assert core.handle(Resume("a")) == [StartRollout("a", 0)]
 
 
 def test_cancel_while_training_commits_then_ends_without_publishing():

@@ -4,14 +4,14 @@ mask of multi-turn trajectories (scripted engine), EM/F1 and the LLM judge."""
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
+import threading
 import time
 
 import pytest
 import torch
 from areal.api.cli_args import GenerationHyperparameters
-from areal.api.io_struct import ModelRequest, ModelResponse
+from areal.api.io_struct import ModelRequest
 
 from areal_marlaas.rollout.engine import MultiLoRAVLLMBackend
 from areal_marlaas.tasks.answer_judge import JudgeClient, parse_verdict
@@ -23,30 +23,11 @@ from areal_marlaas.tasks.search import (
     get_index,
     qa_em_reward_fn,
     qa_f1_reward_fn,
-    search_prompt,
 )
-from areal_marlaas.workflows.search_agent import SearchAgentWorkflow, parse_turn
+from areal_marlaas.workflows.search_agent import parse_turn
+from tests.support.search import CORPUS, ScriptedEngine, make_workflow, row, run
 
-CORPUS = [
-    {"id": 0, "title": "Jaws (film)", "text": "Jaws is a 1975 thriller film "
-     "directed by Steven Spielberg about a great white shark."},
-    {"id": 1, "title": "Steven Spielberg", "text": "Steven Spielberg is an "
-     "American filmmaker born in Cincinnati, Ohio."},
-    {"id": 2, "title": "Eiffel Tower", "text": "The Eiffel Tower is a wrought-iron "
-     "lattice tower in Paris, France."},
-    {"id": 3, "title": "Great white shark", "text": "The great white shark is a "
-     "species of large mackerel shark found in coastal waters."},
-    {"id": 4, "title": "Cincinnati", "text": "Cincinnati is a city in Ohio on the "
-     "Ohio River."},
-]  # fmt: skip
 RLVR_KEYS = {"input_ids", "loss_mask", "logprobs", "versions", "attention_mask"}
-
-
-@pytest.fixture(scope="module")
-def corpus_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
-    path.write_text("".join(json.dumps(d) + "\n" for d in CORPUS))
-    return path
 
 
 # -- retrieval ----------------------------------------------------------------------
@@ -112,51 +93,6 @@ def test_qa_reward_fns_score_last_answer_tag_and_zero_without_one():
 
 
 # -- the workflow with a scripted engine ---------------------------------------------
-class ScriptedEngine:
-    """Returns fixed token ids per turn, like the server would."""
-
-    def __init__(self, tokenizer, turns: list[str], version: int = 3):
-        self.outputs = [tokenizer.encode(t, add_special_tokens=False) for t in turns]
-        self.version = version
-        self.requests: list[ModelRequest] = []
-
-    async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        out = self.outputs[len(self.requests)][: req.gconfig.max_new_tokens]
-        self.requests.append(req)
-        return ModelResponse(
-            input_tokens=list(req.input_ids),
-            output_tokens=list(out),
-            output_logprobs=[-0.25] * len(out),
-            output_versions=[self.version] * len(out),
-            stop_reason="stop",
-        )
-
-
-def make_workflow(tokenizer, corpus_path, **kw):
-    gconfig = GenerationHyperparameters(max_new_tokens=kw.pop("budget", 400))
-    return SearchAgentWorkflow(
-        task="wiki",
-        reward_fn="areal_marlaas.tasks.search.qa_em_reward_fn",
-        gconfig=gconfig,
-        tokenizer=tokenizer,
-        corpus_path=str(corpus_path),
-        top_k=kw.pop("top_k", 2),
-        **kw,
-    )
-
-
-def row(question="Where was the director of Jaws born?", answer="Cincinnati"):
-    return {
-        "question": question,
-        "answer": answer,
-        "messages": [{"role": "user", "content": search_prompt(question)}],
-    }
-
-
-def run(workflow, engine, data):
-    return asyncio.run(workflow.arun_episode(engine, data))
-
-
 def test_two_searches_then_answer_masks_tool_tokens_and_keeps_generated_ids(
     tokenizer, corpus_path
 ):
@@ -245,8 +181,11 @@ def test_budget_used_up_before_answer_rewards_zero(tokenizer, corpus_path):
     }
 
 
+SEARCH_RELEASED = threading.Event()
+
+
 def slow_search(query: str, k: int) -> list[Passage]:
-    time.sleep(2.0)
+    SEARCH_RELEASED.wait(60)  # answers only once the test lets it
     return []
 
 
@@ -258,9 +197,14 @@ def test_slow_search_times_out_and_episode_continues(tokenizer, corpus_path):
     )
 
     t0 = time.monotonic()
-    traj = run(wf, engine, row())
-
-    assert time.monotonic() - t0 < 1.5
+    try:
+        traj = run(wf, engine, row())
+        took = time.monotonic() - t0
+        # The episode ended while the search still hung: cut at the 0.2 s tool
+        # timeout (~0.3 s here; the search would wait 60 s).
+        assert not SEARCH_RELEASED.is_set() and took < 10
+    finally:
+        SEARCH_RELEASED.set()
     mask = traj["loss_mask"][0].bool()
     tool_text = tokenizer.decode(traj["input_ids"][0][~mask].tolist())
     assert "Search timed out." in tool_text
@@ -280,6 +224,20 @@ def test_backend_sends_stop_strings_only_when_set():
         "</a>"
     ]
     assert "stop" not in backend.build_generation_request(without, True, 0).payload
+
+
+def test_backend_sends_a_minimum_length_only_when_set():
+    backend = MultiLoRAVLLMBackend()
+    gconfig = GenerationHyperparameters(max_new_tokens=8, lora_name="wiki")
+    at_least = ModelRequest(input_ids=[1, 2], gconfig=gconfig.new(min_new_tokens=8))
+    without = ModelRequest(input_ids=[1, 2], gconfig=gconfig)
+
+    assert (
+        backend.build_generation_request(at_least, True, 0).payload["min_tokens"] == 8
+    )
+    assert (
+        "min_tokens" not in backend.build_generation_request(without, True, 0).payload
+    )
 
 
 # -- the judge ----------------------------------------------------------------------

@@ -9,7 +9,6 @@ from areal.api.io_struct import ModelRequest
 from areal_marlaas.rollout.engine import MultiLoRAVLLMBackend
 from areal_marlaas.rollout.seeding import RequestSeeds, request_seed, seeded_sampling
 from areal_marlaas.workflows import task_workflow
-from tests.e2e.test_rollout_multilora import engine as engine  # noqa: F401
 
 PROMPT = [1, 504, 314, 1012, 2734, 30]
 

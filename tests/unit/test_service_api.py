@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from areal_marlaas.service.auth import new_admin_key
 from areal_marlaas.service.tables import JobAction
-from tests.service_helpers import (
+from tests.support.service_api import (
     BASE,
     GRADER,
     METHOD,

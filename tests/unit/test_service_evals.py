@@ -9,7 +9,7 @@ import pytest
 
 from areal_marlaas.rundir.records import EvalRecord, EvalSample
 from areal_marlaas.service import eval_runs
-from tests.service_helpers import GRADER, create_job, service_fixture, upload
+from tests.support.service_api import GRADER, create_job, service_fixture, upload
 
 MULTI = {
     "type": "multi",

@@ -18,7 +18,7 @@ from openai.types.fine_tuning.reinforcement_method_param import (
 )
 
 from areal_marlaas.service.jobs import task_spec
-from tests.service_helpers import GRADER, service_fixture, upload
+from tests.support.service_api import GRADER, service_fixture, upload
 
 HP = "method.reinforcement.hyperparameters"
 

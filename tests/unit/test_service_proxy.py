@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from areal_marlaas.service.router import VLLMModelRouter
-from tests.service_helpers import BASE, create_job, start_service, upload
+from tests.support.service_api import BASE, create_job, start_service, upload
 
 BASE_PATH = "/models/SmolLM2-135M-Instruct"
 

@@ -25,8 +25,7 @@ from areal_marlaas.service.recorder import Admitted
 from areal_marlaas.service.runner import ServiceRunner
 from areal_marlaas.service.store import JobStore
 from areal_marlaas.service.tables import Job
-
-from .test_service_webhooks import new_tenant, running_job
+from tests.support.jobs import new_tenant, running_job
 
 
 @pytest.fixture

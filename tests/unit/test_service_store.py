@@ -4,16 +4,8 @@ and the scheduler-side writer functions the integrator calls."""
 from __future__ import annotations
 
 import hashlib
-import os
-import pwd
-import secrets
-import shutil
-import socket
 import sqlite3
-import subprocess
-import tempfile
 import threading
-from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -64,73 +56,6 @@ TABLES = {
 
 def head_revision() -> str:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    """A throwaway PostgreSQL server (the local binaries, run as the postgres
-    user over a unix socket); skipped where there is none."""
-    if os.geteuid() != 0 or not (shutil.which("initdb") and shutil.which("runuser")):
-        pytest.skip("needs root, initdb and runuser to start a PostgreSQL server")
-    try:
-        pwd.getpwnam("postgres")
-    except KeyError:
-        pytest.skip("no postgres user")
-    # Not under tmp_path: pytest's folders are 0700 root, closed to postgres.
-    d = Path(tempfile.mkdtemp(prefix="marlaas-pg-"))
-    shutil.chown(d, "postgres")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    pg = ["runuser", "-u", "postgres", "--"]
-    subprocess.run(
-        [*pg, "initdb", "-D", str(d / "data"), "-A", "trust", "-U", "postgres"],
-        check=True,
-        capture_output=True,
-    )
-    opts = f"-p {port} -k {d} -c listen_addresses='' -c fsync=off"
-    subprocess.run(
-        [
-            *pg,
-            "pg_ctl",
-            "-D",
-            str(d / "data"),
-            "-o",
-            opts,
-            "-l",
-            str(d / "log"),
-            "-w",
-            "start",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    yield str(d), port
-    subprocess.run(
-        [*pg, "pg_ctl", "-D", str(d / "data"), "-m", "immediate", "stop"],
-        capture_output=True,
-    )
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def fresh_database(postgres: tuple[str, int]) -> str:
-    """A new empty database on the test server, as a SQLAlchemy URL."""
-    import psycopg
-
-    host, port = postgres
-    name = f"t_{secrets.token_hex(6)}"
-    with psycopg.connect(
-        host=host, port=port, user="postgres", dbname="postgres", autocommit=True
-    ) as c:
-        c.execute(f"CREATE DATABASE {name}")
-    return f"postgresql+psycopg://postgres@/{name}?host={host}&port={port}"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'service.db'}"
-    return fresh_database(request.getfixturevalue("postgres"))
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from areal_marlaas.service.auth import new_admin_key
 from areal_marlaas.service.status import format_status
 from areal_marlaas.service.store import StepUsage
 from areal_marlaas.service.tables import QUEUED, RUNNING, VALIDATING
-from tests.service_helpers import create_job, service_fixture, upload
+from tests.support.service_api import create_job, service_fixture, upload
 
 svc = service_fixture()
 

@@ -25,14 +25,12 @@ from openai.types.webhooks import (
 from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.errors import ConfigError
 from areal_marlaas.service.cli import main
-from areal_marlaas.service.store import JobStore, NewJob
+from areal_marlaas.service.store import JobStore
 from areal_marlaas.service.store import progress as progress_module
 from areal_marlaas.service.store.webhooks import check_secret, check_url, new_secret
 from areal_marlaas.service.tables import Job
 from areal_marlaas.service.webhooks import WebhookDispatcher
-
-from .test_service_store import db_url as db_url  # noqa: F401
-from .test_service_store import postgres as postgres  # noqa: F401
+from tests.support.jobs import new_tenant, running_job
 
 SDK = openai.OpenAI(api_key="x", base_url="http://127.0.0.1:9/v1")
 EVENT_CLASSES = {
@@ -52,8 +50,8 @@ class Received:
 @dataclass
 class Receiver:
     """An HTTP server answering POSTs by ``plan`` (one entry per request, in
-    arrival order: a status code, or ``("sleep", s)`` before a 200); 200 once
-    the plan is used up."""
+    arrival order: a status code, or ``("block", event)``: a 200 once the event
+    is set); 200 once the plan is used up."""
 
     plan: list = field(default_factory=list)
     got: list[Received] = field(default_factory=list)
@@ -77,7 +75,7 @@ class Receiver:
                     )
                     step = receiver.plan.pop(0) if receiver.plan else 200
                 if isinstance(step, tuple):
-                    time.sleep(step[1])
+                    step[1].wait(60)
                     step = 200
                 try:
                     self.send_response(step)
@@ -121,7 +119,7 @@ def store(tmp_path) -> Iterator[JobStore]:
 def config(tmp_path, **kw) -> ServiceConfig:
     base = dict(
         root=str(tmp_path),
-        webhook_timeout_s=0.5,
+        webhook_timeout_s=5.0,  # a local receiver answers in ms
         webhook_backoff_s=0.2,
         webhook_max_attempts=4,
         webhook_workers=2,
@@ -146,20 +144,6 @@ def dispatch(store, tmp_path) -> Iterator[Callable[..., WebhookDispatcher]]:
 
 def tenant_id_of(store: JobStore, name: str) -> str:
     return next(t.id for t in store.list_tenants() if t.name == name)
-
-
-def new_tenant(store: JobStore, name: str) -> str:
-    tenant, _ = store.create_tenant(name)
-    return tenant.id
-
-
-def running_job(store: JobStore, tenant_id: str) -> Job:
-    f = store.add_file(tenant_id, "t.jsonl", "fine-tune", b"{}\n", 1)
-    job, _ = store.create_job(
-        tenant_id, NewJob("m", f.id, None, {}, {}, None, 0, None, steps_total=2)
-    )
-    store.set_status(job.id, "queued")
-    return store.set_status(job.id, "running")
 
 
 def finish(store: JobStore, job_id: str, status: str) -> Job:
@@ -302,25 +286,34 @@ def test_a_receiver_that_is_down_gets_max_attempts_then_failed(store, dispatch):
 def test_a_hanging_receiver_never_delays_a_job(store, receiver, dispatch):
     acme = new_tenant(store, "acme")
     hook = store.add_webhook("acme", receiver.url)
-    receiver.plan = [("sleep", 3.0)]  # the first request hangs past the timeout
+    release = threading.Event()
+    receiver.plan = [("block", release)]  # the first request hangs until released
     first, second = running_job(store, acme), running_job(store, acme)
-    dispatch()
-    t0 = time.perf_counter()
-    finish(store, first.id, "succeeded")
-    took_first = time.perf_counter() - t0
-    wait_for(lambda: len(receiver.got) == 1)  # the dispatcher is stuck in it now
-    t0 = time.perf_counter()
-    finish(store, second.id, "cancelled")
-    took_second = time.perf_counter() - t0
-    assert took_first < 0.25 and took_second < 0.25, (took_first, took_second)
-    wait_for(lambda: {d.status for d in store.deliveries("acme")} == {"delivered"})
+    dispatch(webhook_timeout_s=2.0)
+    try:
+        finish(store, first.id, "succeeded")
+        wait_for(lambda: len(receiver.got) == 1)  # the dispatcher is stuck in it
+        finish(store, second.id, "cancelled")
+        # Both status writes returned while the first attempt hung: had either
+        # waited on the delivery, the attempt would have ended (cut at 2 s) first.
+        hanging = next(d for d in store.deliveries("acme") if d.job_id == first.id)
+        assert store.delivery_attempts(hanging.id) == []
+        assert not release.is_set()
+        # The attempt is cut at the timeout and retried, with the receiver
+        # still hanging: the retry is its second request.
+        wait_for(lambda: {d.status for d in store.deliveries("acme")} == {"delivered"})
+    finally:
+        release.set()
     by_job = {d.job_id: d for d in store.deliveries("acme")}
     assert by_job[second.id].attempts == 1
     hung = by_job[first.id]
     assert hung.attempts == 2 and hung.last_status_code == 200
     first_try = store.delivery_attempts(hung.id)[0]
     assert first_try.status_code is None and "Timeout" in (first_try.error or "")
-    assert 0.5 <= first_try.duration_s < 2.0  # cut at webhook_timeout_s
+    # Cut at this webhook_timeout_s (2 s), not at the default 5 s; never cut, the
+    # retry and the delivery would not have come. Overshoot: ~0.01 s here.
+    assert first_try.duration_s >= 2.0
+    assert first_try.duration_s - 2.0 < 2.5
     for r in receiver.got:
         unwrap(r, hook.secret)
 

@@ -201,7 +201,8 @@ def test_the_command_writes_its_report_and_names_a_missing_service(
             ],
         }
     (tmp_path / "fit_input.json").write_text(dump_service_fit(rows))
-    assert marlaas(["simulate-service", str(tmp_path), "--tenants", "6"]) == 0
+    out = ["--out", str(tmp_path / "sim_service.json")]
+    assert marlaas(["simulate-service", str(tmp_path), "--tenants", "6", *out]) == 0
     md = (tmp_path / "sim_service.md").read_text()
     assert "| 6 | 12 | 2 | fair_adaptive |" in md
     rc = marlaas(["simulate-service", str(tmp_path), "--fit-service", "async_first"])

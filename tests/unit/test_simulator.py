@@ -573,6 +573,7 @@ def test_cli_projects_the_mix_over_a_sweep_of_tool_call_times(tmp_path, capsys):
 
     write_bench(tmp_path, truth)
     argv = ["simulate", str(tmp_path), "--fit-modes", "async", "--tenants", "4"]
+    argv += ["--out", str(tmp_path / "sim.json")]
     assert main([*argv, "--mix", "--env-s", "0,30"]) == 0
     out = json.loads((tmp_path / "sim.json").read_text())
     assert out["replicates"] == ["m_0", "m_1", "m_2", "m_3"]

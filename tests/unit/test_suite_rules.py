@@ -6,6 +6,7 @@ here or on a gauge read in a polling loop."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
 import subprocess
@@ -13,10 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from _pytest.mark.expression import Expression
 
 from tests.support.paths import REPO
 
 TESTS = REPO / "tests"
+PYPROJECT = REPO / "pyproject.toml"
 TEST_FILES = sorted(TESTS.rglob("test_*.py"))
 
 
@@ -73,41 +76,67 @@ def pytest_args(target: str) -> list[str] | None:
     return None
 
 
-def collect(args: list[str]) -> set[str]:
+def collected(tmp_path) -> dict[str, set[str]]:
+    """Every test pytest collects here (slow ones too), with its markers."""
+    dump = tmp_path / "markers.tsv"
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-        ]
-        + args,
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", ""]
+        + ["-p", "no:cacheprovider", "-p", "tests.support.marker_dump"],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=600,
+        env={**os.environ, "MARLAAS_MARKER_DUMP": str(dump)},
     )
-    assert out.returncode in (0, 5), out.stdout[-3000:] + out.stderr[-3000:]
-    return {x for x in out.stdout.splitlines() if "::" in x}
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    tests = {}
+    for line in dump.read_text().splitlines():
+        nodeid, markers = line.split("\t")
+        tests[nodeid] = set(filter(None, markers.split(",")))
+    return tests
 
 
-def test_every_test_runs_in_exactly_one_ci_target():
+def selected(args: list[str], tests: dict[str, set[str]]) -> set[str]:
+    """What ``pytest ARGS`` selects of ``tests``: its last ``-m`` expression
+    (else the one pyproject's addopts gives) and its paths (else all)."""
+    addopts = shlex.split(
+        re.search(r'^addopts = "(.*)"$', PYPROJECT.read_text(), re.M).group(1)
+    )
+    expr, paths = "", []
+    for opts in (addopts, args):
+        it = iter(opts)
+        for a in it:
+            if a == "-m":
+                expr = next(it)
+            elif not a.startswith("-"):
+                paths.append(a.rstrip("/"))
+    keep = Expression.compile(expr) if expr else None
+    return {
+        t
+        for t, markers in tests.items()
+        if (keep is None or keep.evaluate(lambda name, m=markers: name in m))
+        and (
+            not paths
+            or any(t == p or t.startswith(p + "/") for p in paths)
+            or any(t.startswith(p + "::") for p in paths)
+        )
+    }
+
+
+def test_every_test_runs_in_exactly_one_ci_target(tmp_path):
     """What CI's targets select, against every test there is: each one exactly
     once (a slow test outside a target would never run anywhere)."""
-    targets = {t: pytest_args(t) for t in ci_targets()}
-    selections = {t: collect(a) for t, a in targets.items() if a is not None}
-    assert set(selections) >= {"test", "test-live"}, targets
-    everything = collect(["-m", ""])
-    slow = collect(["-m", "slow"])
+    tests = collected(tmp_path)
+    slow = {t for t, m in tests.items() if "slow" in m}
     assert slow, "no slow test collected: the check would prove nothing"
+    targets = {t: pytest_args(t) for t in ci_targets()}
+    selections = {t: selected(a, tests) for t, a in targets.items() if a is not None}
+    assert set(selections) >= {"test", "test-live"}, targets
     seen: dict[str, list[str]] = {}
     for target, ids in selections.items():
         for test in ids:
             seen.setdefault(test, []).append(target)
-    missing = sorted(everything - set(seen))
+    missing = sorted(set(tests) - set(seen))
     twice = {t: ts for t, ts in seen.items() if len(ts) > 1}
     assert not missing, f"in no CI target: {missing[:20]}"
     assert not twice, f"in several CI targets: {dict(list(twice.items())[:20])}"

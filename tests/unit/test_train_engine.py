@@ -3,99 +3,30 @@ swaps, on-policy refusal and PEFT adapter files."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
-from areal.api.cli_args import OptimizerConfig, PPOActorConfig
-from areal.api.io_struct import FinetuneSpec
 from areal.engine.fsdp_engine import FSDPPPOActor
-from areal.utils.network import find_free_ports
 from transformers import AutoModelForCausalLM
 
-from areal_marlaas.model_prep import make_tiny_model
 from areal_marlaas.train.audit import logprob_gap
-from areal_marlaas.train.engine import MultiLoRAFSDPPPOActor, StaleBatchError
+from areal_marlaas.train.engine import StaleBatchError
 from areal_marlaas.train.multilora import _full
-from tests.helpers import assert_bitwise_equal, lora_snapshot, optimizer_snapshot
+from tests.support.engines import make_engine, ragged_batch
+from tests.support.snapshots import (
+    assert_bitwise_equal,
+    lora_snapshot,
+    optimizer_snapshot,
+)
+
+# The FSDP engine is built in this process, as one rank.
+pytestmark = pytest.mark.usefixtures("single_rank_env")
 
 # Observed packed-vs-per-sequence difference is ~5e-7 in float32 (different kernel
 # shapes sum in a different order); attending across a sequence boundary shifts
 # logprobs by ~1e-1. 1e-5 separates the two with a wide margin either way.
 PARITY_ATOL = 1e-5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def single_rank_env():
-    env = dict(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        env["MASTER_PORT"] = str(find_free_ports(1)[0])
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    yield
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    return {
-        arch: make_tiny_model(root / arch, arch=arch) for arch in ("llama", "qwen3")
-    }
-
-
-def make_engine(path, cls=MultiLoRAFSDPPPOActor, **overrides):
-    # MARLaaS's actor defaults: one optimizer step per batch, no reference model.
-    overrides = {
-        "ppo_n_minibatches": 1,
-        "kl_ctl": 0.0,
-        "attn_impl": "sdpa",
-        **overrides,
-    }
-    cfg = PPOActorConfig(
-        experiment_name="test",
-        trial_name="engine",
-        path=str(path),
-        backend="fsdp:d1",
-        dtype="float32",
-        use_lora=True,
-        lora_rank=8,
-        lora_alpha=16,
-        target_modules=["all-linear"],
-        optimizer=OptimizerConfig(lr=1e-3),
-        **overrides,
-    )
-    engine = cls(cfg)
-    engine.create_process_group()
-    engine.initialize(None, FinetuneSpec(1, 100, 2))
-    return engine
-
-
-def ragged_batch(lens, vocab=128, seed=0, version=0, prompt=3):
-    """Right-padded sequences of different lengths, as rollouts produce them."""
-    g = torch.Generator().manual_seed(seed)
-    n, width = len(lens), max(lens)
-    ids = torch.zeros(n, width, dtype=torch.int32)
-    attn = torch.zeros(n, width, dtype=torch.bool)
-    for i, length in enumerate(lens):
-        ids[i, :length] = torch.randint(3, vocab, (length,), generator=g)
-        attn[i, :length] = True
-    loss = attn.int().clone()
-    loss[:, :prompt] = 0
-    return {
-        "input_ids": ids,
-        "attention_mask": attn,
-        "loss_mask": loss,
-        "logprobs": -torch.rand(n, width, generator=g) * loss,
-        "versions": torch.where(loss.bool(), version, -1).int(),
-        "rewards": torch.tensor([float(i % 2) for i in range(n)]),
-        "task": "any",
-    }
 
 
 def per_sequence_logprobs(path, batch):
