@@ -5,38 +5,21 @@ AREAL_VENV ?= $(or $(MARLAAS_AREAL_VENV),$(CACHE)/venv-areal)
 PY := $(AREAL_VENV)/bin/python
 CONFIG ?= configs/quickstart.yaml
 
-.PHONY: setup test test-slow test-fault test-example test-service test-ray lint quickstart bench-rollout bench-learning bench bench-service simulate bench-cpu-lora gpu-check gpu-check-dry gpu-check-wheels
+.PHONY: setup test test-live lint quickstart bench-rollout bench-learning bench bench-service simulate bench-cpu-lora gpu-check gpu-check-dry gpu-check-wheels
 
 setup:
 	bash scripts/setup.sh
 
+# The default suite: every test not marked slow (docs/testing.md).
 test: setup
 	$(PY) -m pytest
 
-test-slow: setup
-	$(PY) -m pytest -m slow
-
-# The fault-injection runs (kill -9 + resume, server kill, orphans): slow, run by CI.
-test-fault: setup
-	$(PY) -m pytest -m slow tests/e2e/test_fault_e2e.py tests/e2e/test_fault_server.py
-
-# AReaL's PPOTrainer driving our workflow through its own launcher, and the
-# bench's replicated AReaL baseline at one tenant (~8 min): CI.
-test-example: setup
-	$(PY) -m pytest -m slow tests/e2e/test_examples.py
-
-# The job service live (real server, trainer, API, the openai SDK), a kill -9
-# and restart, usage per tenant, marlaas bench-service (async vs FIFO), and a
-# server with priority scheduling (fair rollouts): ~21 min, in CI.
-test-service: setup
-	$(PY) -m pytest -m slow tests/e2e/test_service_e2e.py tests/e2e/test_service_usage_e2e.py \
-		tests/e2e/test_rollout_priority.py
-
-# scheduler.type=ray (docs/ray.md): the quickstart on a local Ray head (vs an
-# in-process run, byte for byte), two trainer workers, and two hosts in network
-# namespaces (the quickstart, losing host 2 mid-run; the service); in CI.
-test-ray: setup
-	RAY_memory_monitor_refresh_ms=0 $(PY) -m pytest -m slow tests/e2e/test_ray_e2e.py tests/e2e/test_two_hosts_e2e.py
+# Every slow test, in one pytest session as CI runs them: the session's vLLM
+# server, PostgreSQL and job service start once for all of them (docs/testing.md
+# lists what they cover and how long they take). LIVE_ARGS narrows the run, e.g.
+# LIVE_ARGS=tests/e2e/test_service_e2e.py or LIVE_ARGS="-k two_hosts".
+test-live: setup
+	RAY_memory_monitor_refresh_ms=0 $(PY) -m pytest -m slow $(LIVE_ARGS)
 
 # ruff (lint + format) and the type checker (pyproject.toml [tool.basedpyright]).
 lint: setup
