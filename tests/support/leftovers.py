@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 import psutil
 
 PR_SET_CHILD_SUBREAPER = 36
-# multiprocessing's helpers of this process: they end with it.
-OWN_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
 
 
 def become_subreaper() -> bool:
@@ -21,6 +19,18 @@ def become_subreaper() -> bool:
         return ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def own_helpers() -> set[int]:
+    """The pids of this process's multiprocessing fork server and resource
+    tracker (they end with it)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = {
+        getattr(forkserver._forkserver, "_forkserver_pid", None),
+        getattr(resource_tracker._resource_tracker, "_pid", None),
+    }
+    return {p for p in pids if p}
 
 
 def _cmdline(p: psutil.Process) -> str:
@@ -44,9 +54,9 @@ class Tests:
 
 
 def leftovers(tests: Tests, wait_s: float = 30.0) -> list[str]:
-    """This process's descendants still running after ``wait_s`` (zombies and
-    its own multiprocessing helpers aside): pid, parent, the test that started
-    it, command line."""
+    """This process's descendants still running after ``wait_s`` (zombies, its
+    own forks and multiprocessing helpers aside): pid, parent, the test that
+    started it, command line."""
     me = psutil.Process()
     deadline = time.monotonic() + wait_s
     while True:
@@ -55,7 +65,12 @@ def leftovers(tests: Tests, wait_s: float = 30.0) -> list[str]:
             try:
                 if p.status() == psutil.STATUS_ZOMBIE:
                     continue
-                if p.ppid() == me.pid and any(h in _cmdline(p) for h in OWN_HELPERS):
+                # This process's own forks (torch's compile workers share its
+                # command line) and multiprocessing helpers end with it; an
+                # orphan re-parented here was started by another process.
+                if p.ppid() == me.pid and (
+                    p.cmdline() == me.cmdline() or p.pid in own_helpers()
+                ):
                     continue
                 started = tests.during(p.create_time())
                 left.append(f"{p.pid} (parent {p.ppid()}, {started}): {_cmdline(p)}")
