@@ -9,12 +9,15 @@ workers. Slow: ``make test-live``."""
 from __future__ import annotations
 
 import io
+import signal
 import tarfile
 import time
 
 import httpx
 import openai
 import pytest
+from sqlalchemy import create_engine as make_engine
+from sqlalchemy import text
 
 from areal_marlaas.rundir.reader import read_jsonl
 from areal_marlaas.service.store import task_name_of
@@ -42,7 +45,13 @@ SHAPE = [
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory, vllm_server, postgres):
+def database(postgres) -> str:
+    """The module service's store: a new database on the session's PostgreSQL."""
+    return pg.fresh_database(postgres)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, vllm_server, database):
     """The module's service: two trainer workers on AReaL's LocalScheduler,
     attached to the session's vLLM server, its store on PostgreSQL, and a KV
     budget that holds one rollout batch (2 prompts x 2 samples) at a time, so
@@ -56,13 +65,13 @@ def service(tmp_path_factory, vllm_server, postgres):
             "scheduler.trainers=2",
             f"scheduler.kv_budget_bytes={budget}",
             # Quoted: the URL's query (?host=...&port=...) holds '=' signs.
-            f"service.db_url='{pg.fresh_database(postgres)}'",
+            f"service.db_url='{database}'",
         ],
         vllm=vllm_server.address,
     )
     live.start()
     yield live
-    live.stop()
+    live.stop()  # unless the module's last test stopped it
 
 
 def all_events(client, job_id: str, limit: int) -> list:
@@ -399,3 +408,51 @@ def test_two_tenants_jobs_on_two_trainer_workers_and_their_usage(service):
         assert tenant["jobs"] == TENANTS[name]
         assert tenant["trainer_s"] == pytest.approx(sum(r["train_s"] for r in theirs))
         assert tenant["trained_tokens"] == sum(r["trained_tokens"] for r in theirs)
+
+
+def test_sigterm_to_the_group_drains_a_running_job_and_exits_cleanly(service, database):
+    """Last of the module: the module's service stopped as ``kill -- -PGID``,
+    systemd or a container stop do, while a job runs. It drains (the job stops
+    at a committed version, for the next start to resume), exits with code 0,
+    prints no traceback, leaves no process (its two trainer workers and its
+    rollout worker), and has closed its store (no connection to its
+    database)."""
+    live = service
+    a = live.add_tenant("acme")
+    f = a.files.create(file=("a.jsonl", lines(8, 7)), purpose="fine-tune")
+    job = a.fine_tuning.jobs.create(
+        model=BASE, training_file=f.id, method=method(STRING_CHECK)
+    )
+    with live.on_failure():
+        deadline = time.monotonic() + 900
+        while not a.fine_tuning.jobs.checkpoints.list(job.id).data:
+            assert time.monotonic() < deadline, live.tail()
+            time.sleep(0.5)
+
+    code, left = live.signal_group(signal.SIGTERM)
+
+    out = live.output()
+    assert code == 0, out[-5000:]
+    assert "Traceback" not in out, out[-5000:]
+    assert "drained: every job stopped at a committed version" in out
+    assert left == [], (left, out[-3000:])
+    assert pg.connections(database) == 0
+    # Stopped at a committed version: its checkpoints are the trainer's
+    # commits, contiguous, and fewer than its 4 steps.
+    db = make_engine(database)
+    with db.connect() as conn:
+        steps = sorted(
+            r[0]
+            for r in conn.execute(
+                text("SELECT step_number FROM checkpoints WHERE job_id = :j"),
+                {"j": job.id},
+            )
+        )
+    db.dispose()
+    committed = [
+        r["version"]
+        for r in read_jsonl(live.run_dir / "steps.jsonl")
+        if r["task"] == task_name_of(job.id)
+    ]
+    assert steps == committed == list(range(1, len(steps) + 1)), (steps, committed)
+    assert 1 <= len(steps) < 4

@@ -1,9 +1,9 @@
 """The job service stopped and started as operators do: ``marlaas service`` with
 its defaults (its own vLLM server, trainer and rollout workers on AReaL's
-LocalScheduler, a SQLite store) killed with SIGKILL mid-run, then stopped by
-SIGTERM and by SIGINT to its whole process group (what ``kill -- -PGID``,
-systemd, a container stop or a terminal's Ctrl-C send). Every start resumes
-each job from its last commit. Slow: ``make test-live``."""
+LocalScheduler, a SQLite store) killed with SIGKILL to its process group
+mid-run, started again (it resumes each job from its last commit), then stopped
+by SIGINT to its whole process group (a terminal's Ctrl-C). Slow: ``make
+test-live``."""
 
 from __future__ import annotations
 
@@ -34,18 +34,6 @@ def steps_of(client, jobs) -> dict[str, list[int]]:
         )
         for j in jobs
     }
-
-
-def checkpoints_in_the_store(live: LiveService) -> dict[str, list[int]]:
-    """Each job's checkpoints, read from the SQLite store of a stopped service."""
-    db = sqlite3.connect(live.root / "service.db")
-    out: dict[str, list[int]] = {}
-    for job, step in db.execute(
-        "SELECT job_id, step_number FROM checkpoints ORDER BY step_number"
-    ):
-        out.setdefault(job, []).append(step)
-    db.close()
-    return out
 
 
 def assert_stopped_cleanly(live: LiveService, sig: int) -> None:
@@ -92,24 +80,15 @@ def test_killed_then_stopped_service_resumes_every_job_from_its_last_commit(
             assert time.monotonic() < deadline, live.tail()
             time.sleep(0.5)
         killed_at = steps_of(a, jobs)
+        assert sum(map(len, killed_at.values())) < 8  # mid-run
         # SIGKILL to the group: the workers (sessions of their own) and the vLLM
         # server go with the service, through their reapers.
         code, left = live.signal_group(signal.SIGKILL)
         assert code == -signal.SIGKILL and left == [], left
 
-        # Restarted, it resumes; SIGTERM to the group once it committed again,
-        # while the jobs still run: it drains to a committed version and ends.
-        live.start()
-        deadline = time.monotonic() + 900
-        while committed() <= sum(map(len, killed_at.values())):
-            assert time.monotonic() < deadline, live.tail()
-            time.sleep(0.5)
-        assert any(a.fine_tuning.jobs.retrieve(j.id).status == "running" for j in jobs)
-        assert_stopped_cleanly(live, signal.SIGTERM)
-        assert "drained: every job stopped at a committed version" in live.output()
-        stopped_at = checkpoints_in_the_store(live)
-
-        # Started again, it finishes them; then Ctrl-C (SIGINT to the group).
+        # Restarted, it resumes every job from its last commit and finishes
+        # them; then Ctrl-C (SIGINT to the group) stops it cleanly. (SIGTERM to
+        # a group while a job runs: test_service_e2e.py's last test.)
         live.start()
         done = wait_all(a, [j.id for j in jobs], 1500)
         after = steps_of(a, jobs)
@@ -120,7 +99,7 @@ def test_killed_then_stopped_service_resumes_every_job_from_its_last_commit(
         assert job.status == "succeeded", (job, live.tail())
         # Nothing lost, nothing twice, and what was there before is still there.
         assert after[j.id] == list(range(1, job.steps_done + 1)) == [1, 2, 3, 4]
-        assert set(killed_at[j.id]) <= set(stopped_at[j.id]) <= set(after[j.id])
+        assert set(killed_at[j.id]) <= set(after[j.id])
     db = sqlite3.connect(live.root / "service.db")
     assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert db.execute("PRAGMA foreign_key_check").fetchall() == []
@@ -129,4 +108,4 @@ def test_killed_then_stopped_service_resumes_every_job_from_its_last_commit(
     for r in read_jsonl(live.run_dir / "steps.jsonl"):
         logged.setdefault(r["task"], []).append(r["version"])
     assert sorted(logged.values()) == [[1, 2, 3, 4], [1, 2, 3, 4]], logged
-    print(f"checkpoints at the kill: {killed_at}; at SIGTERM: {stopped_at}")
+    print(f"checkpoints at the kill: {killed_at}")

@@ -12,6 +12,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from sqlalchemy import make_url
+
 PG = ["runuser", "-u", "postgres", "--"]
 
 
@@ -69,3 +71,19 @@ def fresh_database(server: tuple[str, int]) -> str:
     ) as c:
         c.execute(f"CREATE DATABASE {name}")
     return f"postgresql+psycopg://postgres@/{name}?host={host}&port={port}"
+
+
+def connections(url: str) -> int:
+    """Open connections to the database of ``url`` (a ``fresh_database``)."""
+    import psycopg
+
+    u = make_url(url)
+    name = u.database
+    host, port = u.query["host"], int(u.query["port"])
+    with psycopg.connect(
+        host=host, port=port, user="postgres", dbname="postgres", autocommit=True
+    ) as c:
+        row = c.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (name,)
+        ).fetchone()
+    return int(row[0]) if row else 0
