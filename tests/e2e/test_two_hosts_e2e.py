@@ -94,7 +94,7 @@ def test_quickstart_across_two_hosts_pushes_every_adapter_and_outlives_host_2(
     assert "scheduler.ray.adapter_transport=push" in refused.stderr
 
     # The default (auto) pushes. Watch where the vLLM server runs meanwhile.
-    args = [a.replace("total_steps=2", "total_steps=3") for a in argv(hosts, "push")]
+    args = argv(hosts, "push")
     # As for any server fault, work the loss cut is redone at the same version.
     args.append("scheduler.task_retries=2")
     run = hosts.root / "marlaas-quickstart" / "push"
@@ -136,12 +136,12 @@ def test_quickstart_across_two_hosts_pushes_every_adapter_and_outlives_host_2(
     logs = text + "".join(p.read_text() for p in run_logs(hosts, "push"))
     assert f"launched servers ['{hosts.h2.ip}:" in logs
 
-    check_run_dir(run, steps_each=3)
+    check_run_dir(run)
     events = read_jsonl(run / "events.jsonl")
     pushes = [e for e in events if e.get("transfer")]
     for task in TASKS:
         mine = {e["version"]: e for e in pushes if e["task"] == task}
-        assert sorted(mine) == [0, 1, 2, 3], mine
+        assert sorted(mine) == [0, 1, 2], mine
         for version, e in mine.items():
             # Host 2 read back what host 1's trainer wrote, byte for byte.
             assert e["served_sha256"] == [e["sha256"]]
@@ -178,7 +178,7 @@ def test_quickstart_across_two_hosts_pushes_every_adapter_and_outlives_host_2(
             ]
         ),
     )
-    # (Every task committing v1-v3 once: check_run_dir above.)
+    # (Every task committing v1-v2 once: check_run_dir above.)
     # Versions committed before the loss are untouched (those retention kept).
     kept = {f: d for f, d in before.items() if f.is_dir()}
     assert kept and all(folder_digest(f) == d for f, d in kept.items()), before
