@@ -1,8 +1,8 @@
 """``marlaas bench`` end to end on the real server and trainer, in one small
-invocation whose outputs two checks read: two disaggregated modes of two
-tenants (collocated would need a second server start) and the replicated
-baseline, one tenant as its own AReaL PPOTrainer job with its own server.
-Slow: ``make test-live``."""
+invocation whose outputs two checks read: the async mode of two tenants and the
+replicated baseline, one tenant as its own AReaL PPOTrainer job with its own
+server. Every mode runs through the same planned ``marlaas train`` (the modes
+themselves: test_modes_e2e.py). Slow: ``make test-live``."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def bench(tmp_path_factory):
         "bench",
         "--config",
         str(REPO / "configs" / "bench.yaml"),
-        "bench.modes=[async,sequential]",
+        "bench.modes=[async]",
         "bench.ablations=[]",
         "bench.concurrency=[]",
         "bench.replicas=2",
@@ -53,16 +53,14 @@ def runs_of(out) -> dict:
     return {r["label"]: r for r in result["runs"]}
 
 
-def test_bench_two_modes_two_tenants_writes_results(bench):
+def test_bench_of_two_tenants_writes_results(bench):
     out, _ = bench
     runs = runs_of(out)
-    assert set(runs) == {"async", "sequential", "areal_x1"}
-    for label in ("async", "sequential"):
-        r = runs[label]
-        assert r["status"] == "ok", r.get("log_tail")
-        assert r["metrics"]["steps"] == 2
-        assert r["metrics"]["train_util_cpu"] > 0
-    assert runs["sequential"]["ratios"]["speedup_vs_sequential"] == 1.0
+    assert set(runs) == {"async", "areal_x1"}
+    r = runs["async"]
+    assert r["status"] == "ok", r.get("log_tail")
+    assert r["metrics"]["steps"] == 2
+    assert r["metrics"]["train_util_cpu"] > 0
     assert (out / "timeline.png").is_file()
     assert not list(out.rglob("*.safetensors"))
 
