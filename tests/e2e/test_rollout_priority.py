@@ -117,8 +117,9 @@ def light_behind_heavy(engine, address, model_path, heavy_priority: int):
     out["light"] = rollout(engine, "light", light_rows, model_path, 1, 8)
     thread.join()
     assert all(ok(t) for t in out["heavy"] + out["light"])
+    assert len(log.leases) == 9, log.leases
+    assert all(end is not None for _, _, end in log.leases), log.leases
     ends = sorted((end, name) for name, _, end in log.leases)
-    assert len(ends) == 9 and all(end is not None for end, _ in ends), log.leases
     return int(finished), [name for _, name in ends].index("light-v0")
 
 
