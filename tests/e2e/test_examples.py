@@ -30,8 +30,8 @@ def run(argv: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
     )
 
 
-# AReaL's own launcher starts its own vLLM server and trainer: ~5 min on 2 cores,
-# so it runs with the slow set in CI (`make test-example`).
+# AReaL's own launcher starts its own vLLM server and trainer: ~2 min on 2 cores,
+# so it runs with the slow set in CI (`make test-live`).
 @pytest.mark.slow
 def test_single_task_through_areal_ppotrainer(tmp_path):
     (tmp_path / "nr").mkdir()

@@ -17,7 +17,7 @@ from areal_marlaas.trajectory import failure_reason
 from tests.support.leases import LeaseLog
 from tests.support.snapshots import ok
 
-# Its own server (~1 min to start) and two ~30 s batches: run by make test-service.
+# Its own server (~30 s to start) and two batches: run by make test-live.
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 WORKFLOW = "areal_marlaas.workflows.rlvr.MultiTaskRLVRWorkflow"

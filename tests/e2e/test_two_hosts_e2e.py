@@ -1,7 +1,7 @@
 """Two hosts for real (``tests/support/two_hosts.py``): the trainer and the driver on
 host 1, the rollout worker and its vLLM server on host 2, each with its own
 address, ``/tmp`` and ``/dev/shm``, and no view of host 1's run directory.
-Adapters reach host 2 only by being pushed. Slow: ``make test-ray``."""
+Adapters reach host 2 only by being pushed. Slow: ``make test-live``."""
 
 from __future__ import annotations
 
