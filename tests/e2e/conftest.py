@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from areal.api.cli_args import InferenceEngineConfig
 
-from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
+from tests.support.rollouts import rollout_engine
 from tests.support.runs import DETERMINISTIC, marlaas_train, one_thread_env, small_run
 from tests.support.two_hosts import two_hosts_up
 
@@ -17,17 +16,7 @@ from tests.support.two_hosts import two_hosts_up
 @pytest.fixture
 def engine(vllm_server):
     """A multi-LoRA rollout engine connected to the session's server."""
-    cfg = InferenceEngineConfig(
-        experiment_name="test",
-        trial_name="rollout",
-        backend="vllm:d1",
-        use_lora=True,
-        max_concurrent_rollouts=256,
-        setup_timeout=60,
-        request_timeout=300,
-    )
-    eng = MultiLoRAvLLMEngine(cfg)
-    eng.initialize(addr=vllm_server.address, train_data_parallel_size=1)
+    eng = rollout_engine(vllm_server.address, "rollout", 256)
     yield eng
     eng.destroy()
 

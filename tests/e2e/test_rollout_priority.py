@@ -8,13 +8,13 @@ import threading
 import time
 
 import pytest
-from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
+from areal.api.cli_args import GenerationHyperparameters
 
-from areal_marlaas.rollout.engine import MultiLoRAvLLMEngine
 from areal_marlaas.rollout.server_metrics import scrape
 from areal_marlaas.tasks.arithmetic import make_arithmetic_rows
 from areal_marlaas.trajectory import failure_reason
 from tests.support.leases import LeaseLog
+from tests.support.rollouts import rollout_engine
 from tests.support.snapshots import ok
 
 # Its own server (~30 s to start) and two batches: run by make test-live.
@@ -52,17 +52,7 @@ def priority_server(model_path, tmp_path_factory):
 
 @pytest.fixture
 def engine(priority_server, distinct_adapters):
-    cfg = InferenceEngineConfig(
-        experiment_name="test",
-        trial_name="priority",
-        backend="vllm:d1",
-        use_lora=True,
-        max_concurrent_rollouts=64,
-        setup_timeout=60,
-        request_timeout=300,
-    )
-    eng = MultiLoRAvLLMEngine(cfg)
-    eng.initialize(addr=priority_server.address, train_data_parallel_size=1)
+    eng = rollout_engine(priority_server.address, "priority", 64)
     eng.register_task("heavy", 0, distinct_adapters[0])
     eng.register_task("light", 0, distinct_adapters[1])
     yield eng
