@@ -38,7 +38,7 @@ def test_no_test_module_imports_another_test_module():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""]
-                if node.level:  # from .test_x import y / from . import test_x
+                if node.level:  # relative: a named module may be a sibling test module
                     names = [
                         f"{node.module or ''}.{a.name}".lstrip(".") for a in node.names
                     ]
