@@ -3,10 +3,12 @@
 Parse and validate (``parse_grader``, ``validate_grader``), run
 (``run_grader``, ``run_grader_sync``, ``grade_batch``), and train with them
 (``GraderReward``). Types: string_check, text_similarity, python (in the
-sandbox), score_model, multi, plus operator types from ``register_grader_type``.
+sandbox), score_model, multi, endpoint (a tenant's reward service), plus operator
+types from ``register_grader_type``.
 """
 
 from areal_marlaas.graders.context import GradingContext
+from areal_marlaas.graders.endpoint import EndpointDown, endpoint_failure, public_grader
 from areal_marlaas.graders.errors import GraderError
 from areal_marlaas.graders.result import GraderResult, LeafResult
 from areal_marlaas.graders.reward import GraderReward, Score
@@ -37,6 +39,7 @@ from areal_marlaas.graders.spec import (
 )
 
 __all__ = [
+    "EndpointDown",
     "ExtensionGrader",
     "Grader",
     "GraderError",
@@ -52,12 +55,14 @@ __all__ = [
     "StringCheckGrader",
     "TextSimilarityGrader",
     "build_sample",
+    "endpoint_failure",
     "check_grader",
     "grade_batch",
     "grade_batch_sync",
     "grader_to_dict",
     "grader_types",
     "parse_grader",
+    "public_grader",
     "register_grader_type",
     "run_grader",
     "run_grader_sync",

@@ -66,6 +66,17 @@ class GradingContext:
             "sandbox runtime); empty: image_tag must be left out."
         },
     )
+    egress: dict = field(
+        default_factory=dict,
+        metadata={
+            "help": "Where endpoint graders may connect ({allow, only_allowed}, "
+            "agents/egress.py); the service sets the job's tenant's policy."
+        },
+    )
+    endpoint_timeout_s: float = field(
+        default=600.0,
+        metadata={"help": "Timeout of one endpoint-grader request (OpenAI: 10 min)."},
+    )
     extension_modules: tuple[str, ...] = field(
         default=(),
         metadata={

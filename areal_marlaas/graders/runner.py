@@ -271,7 +271,9 @@ async def _extension(g: ExtensionGrader, sample, item, ctx) -> LeafResult:
     except TemplateError as e:
         return _template_failure(e)
     except Exception as e:  # noqa: BLE001 - any grader failure scores 0
-        return LeafResult.fail("other_error", f"{type(e).__name__}: {e}")
+        # A type may name its flag (an endpoint that stays down: unresponsive).
+        flag = getattr(e, "grader_flag", "other_error")
+        return LeafResult.fail(flag, f"{type(e).__name__}: {e}")
     return _checked(value)
 
 

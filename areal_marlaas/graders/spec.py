@@ -110,7 +110,7 @@ class ExtensionGrader(Grader):
 
     type_name: str
     config: Any
-    spec: dict
+    spec: dict = field(repr=False)  # may hold secrets (an endpoint's headers)
 
     @property
     def type(self) -> str:  # type: ignore[override]
