@@ -13,7 +13,11 @@ the rollout ran on a worker) plus plain-Python extras:
   python grader that raised, a judge that did not answer, ...);
 * ``grades``: each grader's verdict on the episode's samples (``GraderGrade``:
   name, type, score, error flags, seconds, a model grader's tokens), when the
-  task has a grader.
+  task has a grader;
+* ``tool_use``: a tool agent's episodes, one dict each (calls, errors, seconds
+  in tools, tokens the tool messages added, turns); ``conversations``: each
+  episode's generated conversation (assistant turns, tool calls, tool outputs);
+  ``trace_ids``: each episode's trace id (its tool calls' and grader's).
 
 A failed episode comes back as ``{FAILURE: reason}`` instead of a trajectory, so
 the reason reaches the scheduler on every placement (in-process, AReaL workers).
@@ -28,7 +32,7 @@ from typing import Any
 
 import torch
 
-from areal_marlaas.rundir.records import GraderStat
+from areal_marlaas.rundir.records import GraderStat, ToolUse
 
 FAILURE = "marlaas_episode_error"
 
@@ -123,6 +127,27 @@ def grader_stats(batch: list[dict[str, Any]]) -> list[GraderStat]:
         s["reward_mean"] /= s["samples"]
         s["seconds_mean"] /= s["samples"]
     return list(acc.values())
+
+
+def tool_use(batch: list[dict[str, Any]]) -> ToolUse | None:
+    """OpenAI's Agent RFT step metrics over a batch of tool-agent episodes:
+    tool calls per rollout, mean tokens per tool call, mean tool execution
+    latency, tool error count (None for a batch without tools)."""
+    eps = [e for t in batch for e in t.get("tool_use", [])]
+    if not eps:
+        return None
+    calls = sum(e["calls"] for e in eps)
+    return {
+        "rollouts": len(eps),
+        "calls": calls,
+        "calls_per_rollout": calls / len(eps),
+        "tokens_per_call": sum(e["output_tokens"] for e in eps) / calls
+        if calls
+        else 0.0,
+        "latency_s_mean": sum(e["seconds"] for e in eps) / calls if calls else 0.0,
+        "errors": sum(e["errors"] for e in eps),
+        "turns_mean": sum(e["turns"] for e in eps) / len(eps),
+    }
 
 
 def env_intervals(batch: list[dict[str, Any]]) -> list[tuple[float, float]]:

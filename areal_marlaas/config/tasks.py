@@ -8,6 +8,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from areal_marlaas.config.agent import AgentConfig
 from areal_marlaas.errors import ConfigError
 from areal_marlaas.tasks import KINDS
 from areal_marlaas.tasks.search import SCORER_REWARD_FNS
@@ -315,6 +316,10 @@ class TaskSpec:
         default_factory=SearchConfig,
         metadata={"help": "Search-agent settings (kind wiki_search)."},
     )
+    agent: AgentConfig = field(
+        default_factory=AgentConfig,
+        metadata={"help": "Tool-agent settings (tools on the tenant's endpoints)."},
+    )
     reward_fn: str = field(
         default="",
         metadata={
@@ -460,6 +465,14 @@ class TaskSpec:
                 "{id, title, text} passages) or an http(s) search.server_url."
             )
         self.search.check(where)
+        self.agent.check(where)
+        if self.agent.enabled and (
+            self.workflow or (self.kind and KINDS[self.kind].workflow)
+        ):
+            raise ConfigError(
+                f"{where}: agent.tools runs the tool agent; leave workflow empty and "
+                "use a kind without its own workflow (or none)."
+            )
         self.ppo.check(where)
         positive = {
             "batch_size": self.batch_size,

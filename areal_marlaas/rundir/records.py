@@ -76,6 +76,21 @@ class StepRecord(TypedDict):
     borrowed_s: NotRequired[float]
     reward_reasons: NotRequired[dict[str, int]]  # why samples scored 0
     graders: NotRequired[list[GraderStat]]  # tasks with a grader
+    # Groups of the batch whose rollout was discarded or failed (not trained on).
+    discarded_groups: NotRequired[int]
+    tools: NotRequired[ToolUse]  # tool-agent tasks
+
+
+class ToolUse(TypedDict):
+    """A batch's tool calls (OpenAI's Agent RFT step metrics)."""
+
+    rollouts: int
+    calls: int
+    calls_per_rollout: float
+    tokens_per_call: float  # tokens the tool messages added, per call
+    latency_s_mean: float  # one call's execution time, retries included
+    errors: int  # calls the model saw an error for (4xx, timeout, 413, ...)
+    turns_mean: float
 
 
 class EvalSample(TypedDict):
@@ -90,6 +105,7 @@ class EvalSample(TypedDict):
     error: NotRequired[str]
     prompt_tokens: NotRequired[int]
     output_tokens: NotRequired[int]  # what the adapter generated
+    conversation: NotRequired[list[dict]]  # a tool agent's turns and tool calls
 
 
 class EvalRecord(TypedDict):

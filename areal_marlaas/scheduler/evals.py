@@ -46,6 +46,8 @@ def run_eval(
                 "output_tokens": n_output,
             }
         )
+        if traj.get("conversations"):
+            samples[-1]["conversation"] = traj["conversations"][0]
     versions = sorted({v for x in ok for v in trajectory.generated_versions(x)})
     record: EvalRecord = {
         "task": t.name,

@@ -98,6 +98,7 @@ class TaskRun:
     rollout_start: float = 0.0
     rollout_end: float = 0.0
     batch: list[dict[str, Any]] | None = None
+    discarded: int = 0  # groups of the batch that failed or were discarded
     rewards: list[float] = field(default_factory=list)
     commits: list[float] = field(default_factory=list)
     evals: list[tuple[int, float | None]] = field(default_factory=list)
@@ -496,7 +497,7 @@ class Runtime:
                 f"task {a.task} v{a.version}: {failed} of {len(results)} episodes "
                 f"failed ({next(r for r in reasons if r)}); training on the rest"
             )
-        t.batch = ok
+        t.batch, t.discarded = ok, failed
         t.rollout_start, t.rollout_end = start, time.time()
         self.store.event(a.task, a.version, "rollout", start, t.rollout_end)
         for env_start, env_end in trajectory.env_intervals(ok):
@@ -562,6 +563,10 @@ class Runtime:
         graders = trajectory.grader_stats(batch)
         if graders:
             record["graders"] = graders
+        record["discarded_groups"] = t.discarded
+        tools = trajectory.tool_use(batch)
+        if tools is not None:
+            record["tools"] = tools
         # The step line goes first: a crash between the two leaves a line newer
         # than state.json, which a resumed store drops (never a missing line).
         self.store.step(record)

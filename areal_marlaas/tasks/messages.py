@@ -20,8 +20,14 @@ def check_messages_row(row: object, where: str) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise ValueError(f"{where}: messages[{i}] needs a role in {list(ROLES)}")
-        if not isinstance(m.get("content"), str):
-            raise ValueError(f"{where}: messages[{i}].content must be a string")
+        content = m.get("content")
+        if not isinstance(content, str) and not (
+            content is None and m.get("tool_calls")
+        ):
+            raise ValueError(
+                f"{where}: messages[{i}].content must be a string (null only "
+                "beside tool_calls)"
+            )
     if messages[-1]["role"] != "user":
         raise ValueError(
             f"{where}: the last message must be the user's turn (the prompt the "

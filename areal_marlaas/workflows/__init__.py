@@ -17,10 +17,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger("MARLaaSWorkflow")
 
 RLVR_WORKFLOW = "areal_marlaas.workflows.rlvr.MultiTaskRLVRWorkflow"
+AGENT_WORKFLOW = "areal_marlaas.workflows.tool_agent.ToolAgentWorkflow"
 
 
 def workflow_path(task: TaskSpec) -> str:
     kind = KINDS.get(task.kind)
+    if task.agent.enabled:
+        return AGENT_WORKFLOW
     return task.workflow or (kind.workflow if kind else "") or RLVR_WORKFLOW
 
 
