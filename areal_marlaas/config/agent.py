@@ -24,6 +24,13 @@ class AgentConfig:
         default=10,
         metadata={"help": "Model turns per episode (the last one's calls not run)."},
     )
+    max_turn_tokens: int = field(
+        default=0,
+        metadata={
+            "help": "Tokens one turn may generate (0: what is left of the "
+            "episode's max_new_tokens)."
+        },
+    )
     tool_timeout_s: float = field(
         default=600.0,
         metadata={"help": "One tool call's limit; past it the model reads a timeout."},
@@ -63,6 +70,8 @@ class AgentConfig:
                 raise ConfigError(f"{where}: {e}") from None
         if self.max_episode_steps < 1:
             raise ConfigError(f"{where}: agent.max_episode_steps must be >= 1.")
+        if self.max_turn_tokens < 0:
+            raise ConfigError(f"{where}: agent.max_turn_tokens must be >= 0.")
         if self.tool_timeout_s <= 0:
             raise ConfigError(f"{where}: agent.tool_timeout_s must be > 0.")
         if self.tool_retries < 0:

@@ -19,6 +19,51 @@ DEFAULT_GRADER_KINDS = ["addition", "multiplication", "gsm8k", "amc", "math"]
 
 
 @dataclass
+class EgressConfig:
+    """Where tenants' tools and endpoint graders may connect (agents/egress.py):
+    public addresses, plus what is listed here."""
+
+    allow: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Networks (CIDR) or hostnames every tenant may reach although "
+            "not public, e.g. 10.1.0.0/16 or tools.internal; 127.0.0.0/8 allows "
+            "this machine (tests). Refused by default: private, loopback, "
+            "link-local (169.254.169.254), CGNAT, reserved."
+        },
+    )
+    only_allowed: bool = field(
+        default=False,
+        metadata={"help": "True: nothing but the listed networks and hosts."},
+    )
+    tenants: dict[str, list[str]] = field(
+        default_factory=dict,
+        metadata={
+            "help": "Tenant name -> networks or hosts that tenant may reach too."
+        },
+    )
+
+    def __post_init__(self):
+        from areal_marlaas.agents.egress import EgressPolicy
+
+        self.allow = list(self.allow or [])
+        self.tenants = {str(k): list(v or []) for k, v in (self.tenants or {}).items()}
+        for entry in self.allow + [e for v in self.tenants.values() for e in v]:
+            if not isinstance(entry, str) or not entry:
+                raise ConfigError(
+                    "service.egress.allow and service.egress.tenants.* list "
+                    f"networks (CIDR) or hostnames, got {entry!r}."
+                )
+        EgressPolicy(tuple(self.allow), self.only_allowed)  # parses
+
+    def policy(self, tenant_name: str):
+        from areal_marlaas.agents.egress import EgressPolicy
+
+        extra = self.tenants.get(tenant_name, [])
+        return EgressPolicy(tuple(self.allow + extra), self.only_allowed)
+
+
+@dataclass
 class ServiceConfig:
     """The HTTP API and job store of ``marlaas service``."""
 
@@ -202,7 +247,43 @@ class ServiceConfig:
         },
     )
 
+    egress: EgressConfig = field(
+        default_factory=EgressConfig,
+        metadata={"help": "Where tenants' tools and endpoint graders may connect."},
+    )
+    tool_timeout_s: float = field(
+        default=600.0,
+        metadata={
+            "help": "One tool call's limit (OpenAI: 10 min); past it the model "
+            "reads a timeout error."
+        },
+    )
+    max_episode_steps: int = field(
+        default=10,
+        metadata={"help": "Default and upper bound of a job's max_episode_steps."},
+    )
+    agent_episode_tokens: int = field(
+        default=384,
+        metadata={
+            "help": "An agent job's response budget per episode: generated and "
+            "tool-message tokens together (each turn generates at most "
+            "max_new_tokens); its rollouts' KV footprint counts it."
+        },
+    )
+    agent_max_prompt_tokens: int = field(
+        default=640,
+        metadata={
+            "help": "An agent job's longest prompt (messages with the tools "
+            "section); longer lines are skipped. With agent_episode_tokens it "
+            "must fit the server's max_model_len."
+        },
+    )
+
     def __post_init__(self):
+        if isinstance(self.egress, dict):
+            self.egress = EgressConfig(**self.egress)
+        if not (self.tool_timeout_s > 0 and math.isfinite(self.tool_timeout_s)):
+            raise ConfigError("service.tool_timeout_s must be > 0 seconds.")
         if not isinstance(self.host, str) or not self.host:
             raise ConfigError("service.host must be a non-empty address.")
         if not 0 <= self.port <= 65535:
@@ -241,6 +322,9 @@ class ServiceConfig:
             "inference_adapters": self.inference_adapters,
             "webhook_max_attempts": self.webhook_max_attempts,
             "webhook_workers": self.webhook_workers,
+            "max_episode_steps": self.max_episode_steps,
+            "agent_episode_tokens": self.agent_episode_tokens,
+            "agent_max_prompt_tokens": self.agent_max_prompt_tokens,
         }
         for key, value in at_least_one.items():
             if not isinstance(value, int) or value < 1:

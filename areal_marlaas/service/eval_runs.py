@@ -80,7 +80,11 @@ def output_items(
                     for m in messages
                     if isinstance(m, dict)
                 ],
-                "output": [{"role": "assistant", "content": s["output"]}],
+                # A tool agent's whole conversation (assistant turns with their
+                # tool calls, tool outputs, the answer), else the one answer.
+                "output": [dict(m) for m in convo]
+                if (convo := s.get("conversation"))
+                else [{"role": "assistant", "content": s["output"]}],
                 "model": model,
                 "finish_reason": "error" if s["reward"] is None else "stop",
                 "error": {"code": "episode_failed", "message": s.get("error", "")}

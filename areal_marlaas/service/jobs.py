@@ -16,7 +16,10 @@ from typing import Any
 
 from areal.utils.hf_utils import apply_chat_template
 
+from areal_marlaas.agents.egress import EgressPolicy
+from areal_marlaas.agents.protocol import check_row_tools, with_tools
 from areal_marlaas.config import TaskDatasetConfig, TaskSpec
+from areal_marlaas.config.agent import AgentConfig
 from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.graders import parse_grader
 from areal_marlaas.graders.templates import Ref, Template, TemplateError, resolve
@@ -44,11 +47,13 @@ def task_spec(
     train_path: Path,
     valid_path: Path | None = None,
     weight: float = 1.0,
+    egress: EgressPolicy | None = None,
 ) -> TaskSpec:
     """The job as a task: its adapter is named after the job's task name, its
     tenant (fair share) the job's with the tenant's ``weight``; with a
     validation file, it evaluates ``eval_samples`` of its rows every
-    ``eval_interval`` steps and after the last."""
+    ``eval_interval`` steps and after the last. An agent job's tools reach what
+    ``egress`` (its tenant's policy) allows."""
     hp = job.hyperparameters
     evals: dict = {}
     if valid_path is not None:
@@ -57,17 +62,29 @@ def task_spec(
             "eval_interval": int(hp["eval_interval"]),
             "eval_samples": int(hp["eval_samples"]),
         }
-    grader = job.method["reinforcement"]["grader"]
+    rl = job.method["reinforcement"]
+    grader = rl["grader"]
     kind = marlaas_kind(grader) or ""
+    agent = AgentConfig(
+        tools=[dict(t) for t in rl.get("tools") or []],
+        max_episode_steps=int(rl.get("max_episode_steps") or svc.max_episode_steps),
+        max_turn_tokens=svc.max_new_tokens,
+        tool_timeout_s=svc.tool_timeout_s,
+        egress_allow=list(egress.allow) if egress else [],
+        egress_only_allowed=egress.only_allowed if egress else False,
+    )
     return TaskSpec(
         name=job.task_name,
         kind=kind,
         dataset=TaskDatasetConfig(path=str(train_path), format="messages"),
         grader=None if kind else dict(grader),
+        agent=agent,
         batch_size=int(hp["batch_size"]),
         n_samples=int(hp["group_size"]),
-        max_new_tokens=svc.max_new_tokens,
-        max_prompt_tokens=svc.max_prompt_tokens,
+        max_new_tokens=svc.agent_episode_tokens
+        if agent.enabled
+        else svc.max_new_tokens,
+        max_prompt_tokens=prompt_limit(svc, job),
         temperature=svc.temperature,
         total_steps=int(job.steps_total),
         lr=float(hp["learning_rate"]),
@@ -76,6 +93,13 @@ def task_spec(
         weight=weight,
         **evals,
     )
+
+
+def prompt_limit(svc: ServiceConfig, job: Job) -> int:
+    """The longest prompt the job trains on: an agent job's carries its tools."""
+    if job.method["reinforcement"].get("tools"):
+        return svc.agent_max_prompt_tokens
+    return svc.max_prompt_tokens
 
 
 def item_refs(obj: Any) -> list[tuple[Template, Ref]]:
@@ -96,11 +120,17 @@ def item_refs(obj: Any) -> list[tuple[Template, Ref]]:
 
 
 def check_lines(
-    path: Path, grader: dict, tokenizer, max_prompt_tokens: int, param: str
+    path: Path,
+    grader: dict,
+    tokenizer,
+    max_prompt_tokens: int,
+    param: str,
+    tools: set[str] | None = None,
 ) -> tuple[int, int]:
-    """Every line is a chat prompt whose fields the grader reads; returns (lines,
-    lines whose prompt is too long to train on). Raises ``JobFileError`` naming
-    the first bad line."""
+    """Every line is a chat prompt whose fields the grader reads (and, for an
+    agent job with endpoints ``tools``, whose tool schemas are valid and each
+    have an endpoint); returns (lines, lines whose prompt is too long to train
+    on). Raises ``JobFileError`` naming the first bad line."""
     rows = []
     for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         if not line.strip():
@@ -120,6 +150,13 @@ def check_lines(
         where = f"{param} line {n}"
         try:
             check_messages_row(row, where)
+            if tools is not None:
+                check_row_tools(row, where, tools)
+            elif "tools" in row:
+                raise ValueError(
+                    f"{where}: has 'tools' but the job lists none; give the job "
+                    "method.reinforcement.tools (their endpoints)."
+                )
         except ValueError as e:
             raise JobFileError(str(e), param) from e
         for key in needed:
@@ -139,8 +176,11 @@ def check_lines(
                     "messages or change the grader.",
                     param,
                 ) from None
+        messages = row["messages"]
+        if tools is not None:
+            messages = with_tools(messages, row["tools"])
         ids = apply_chat_template(
-            tokenizer, row["messages"], tokenize=True, add_generation_prompt=True
+            tokenizer, messages, tokenize=True, add_generation_prompt=True
         )
         too_long += len(ids) > max_prompt_tokens
     if not rows:

@@ -17,6 +17,7 @@ from areal_marlaas.service.tables import (
     File,
     Job,
 )
+from areal_marlaas.service.validation import public_method
 
 # The supervised-style summary the SDK's `FineTuningJob.hyperparameters` declares.
 _SUMMARY = ("batch_size", "learning_rate_multiplier", "n_epochs")
@@ -55,7 +56,7 @@ def job_object(job: Job, pending: list[str] | None = None) -> dict[str, Any]:
         "seed": job.seed,
         # All resolved values, the SDK's three first (extra keys parse fine).
         "hyperparameters": {**{k: hp.get(k) for k in _SUMMARY}, **hp},
-        "method": job.method,
+        "method": public_method(job.method),
         "metadata": job.metadata_,
         "error": job.error,
         "integrations": None,

@@ -57,7 +57,9 @@ def jobs_router() -> APIRouter:
         def create() -> dict:
             # Off the event loop: the grader validator may be slow (the graders
             # module compiles tenant code), the store is blocking I/O.
-            req = parse_job_request(body, st.cfg, st.grader_validator)
+            req = parse_job_request(
+                body, st.cfg, st.grader_validator, st.cfg.egress.policy(tenant.name)
+            )
             if key is None and retry:
                 # The official SDK retries a create (timeouts, 5xx) without an
                 # Idempotency-Key; a retry whose first attempt did create the job
@@ -82,7 +84,9 @@ def jobs_router() -> APIRouter:
                 model=req.model,
                 training_file=req.training_file,
                 validation_file=req.validation_file,
-                method=method_object(req.grader, resolved),
+                method=method_object(
+                    req.grader, resolved, req.tools, req.max_episode_steps
+                ),
                 hyperparameters=resolved,
                 metadata=req.metadata,
                 seed=req.seed,

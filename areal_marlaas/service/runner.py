@@ -28,6 +28,7 @@ from areal.utils.hf_utils import load_hf_tokenizer
 
 from areal_marlaas import admission
 from areal_marlaas.config.service import ServiceRunConfig
+from areal_marlaas.graders import public_grader
 from areal_marlaas.procs import close_each
 from areal_marlaas.rollout.controller import MultiTaskRolloutController
 from areal_marlaas.rollout.server_metrics import scrape
@@ -236,19 +237,22 @@ class ServiceRunner:
             self.jobs.set_status(job.id, QUEUED)
 
     def _check_files(self, job: Job) -> None:
-        grader = job.method["reinforcement"]["grader"]
+        rl = job.method["reinforcement"]
+        grader = rl["grader"]
+        tools = {t["name"] for t in rl["tools"]} if rl.get("tools") else None
         for which in ("training_file", "validation_file"):
             if getattr(job, which) is None:
                 continue
             path = self.jobs.file_of_job(job.id, which)
+            limit = jobspec.prompt_limit(self.svc, job)
             lines, too_long = jobspec.check_lines(
-                path, grader, self.tokenizer, self.svc.max_prompt_tokens, which
+                path, grader, self.tokenizer, limit, which, tools
             )
             if too_long:
                 self.jobs.add_event(
                     job.id,
                     f"{too_long} of {lines} lines of the {which} have prompts over "
-                    f"{self.svc.max_prompt_tokens} tokens; they are skipped",
+                    f"{limit} tokens; they are skipped",
                     level="warn",
                 )
         spec = self._spec(job)
@@ -282,8 +286,17 @@ class ServiceRunner:
         )
         weight = self.jobs.tenant_weights().get(job.tenant_id, 1.0)
         return jobspec.task_spec(
-            job, self.svc, self.jobs.file_of_job(job.id), valid, weight=weight
+            job,
+            self.svc,
+            self.jobs.file_of_job(job.id),
+            valid,
+            weight=weight,
+            egress=self._egress(job),
         )
+
+    def _egress(self, job: Job):
+        """The job's tenant's egress policy, as the operator's config says now."""
+        return self.svc.egress.policy(self.jobs.tenant(job.tenant_id).name)
 
     def _admit(self) -> None:
         """Hand queued (and, after a restart, running) jobs to the runtime, as far
@@ -307,7 +320,7 @@ class ServiceRunner:
             spec = self._spec(job)
             eval_id = None
             if spec.eval_interval:
-                grader = job.method["reinforcement"]["grader"]
+                grader = public_grader(job.method["reinforcement"]["grader"])
                 criteria = eval_runs.testing_criteria(grader)
                 eval_id = self.jobs.ensure_eval(job.id, criteria)
         except Exception as e:  # a job the plugin cannot express fails alone
@@ -315,7 +328,8 @@ class ServiceRunner:
             return
         runtime = self.runtime
         assert runtime is not None  # jobs are polled once it started
-        grading = self.cfg.grading.to_dict()
+        # Endpoint graders connect under the tenant's egress policy.
+        grading = {**self.cfg.grading.to_dict(), "egress": self._egress(job).to_dict()}
 
         def add():  # on its trainer's thread: never beside a step there
             return add_tenant(

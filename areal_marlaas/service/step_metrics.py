@@ -89,6 +89,9 @@ def step_data(
                 for g in graders
             ],
         },
+        # OpenAI's Agent RFT metrics (agent jobs) and the groups discarded.
+        **({"tools": dict(tools)} if (tools := r.get("tools")) else {}),
+        "discarded_groups": int(r.get("discarded_groups") or 0),
         "marlaas": {
             "committed_at": r.get("t_commit"),  # to the ms: TPTS
             "train_s": train_s,

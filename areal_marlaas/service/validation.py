@@ -14,7 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from areal_marlaas.agents.egress import EgressError, EgressPolicy
+from areal_marlaas.agents.protocol import ToolSpecError, parse_job_tools
 from areal_marlaas.config.service import ServiceConfig
+from areal_marlaas.graders.endpoint import ENDPOINT, public_grader
 from areal_marlaas.service.errors import bad_request
 
 CREATE_FIELDS = {
@@ -38,6 +41,7 @@ HYPERPARAMETERS = (
     "reasoning_effort",
 )
 HP = "method.reinforcement.hyperparameters"
+RL = "method.reinforcement"
 MAX_BATCH_SIZE = 1024
 MAX_EPOCHS = 100
 MAX_EVAL_SAMPLES = 10000
@@ -56,6 +60,10 @@ class JobRequest:
     grader: dict[str, Any]
     hyperparameters: dict[str, Any]
     metadata: dict[str, str] | None
+    # Agent RFT: the tool endpoints (headers included: stored, never shown)
+    # and the model turns per episode; empty / None for a single-turn job.
+    tools: list[dict[str, Any]]
+    max_episode_steps: int | None
     seed: int
     suffix: str | None
     request_sha256: str
@@ -79,7 +87,10 @@ def parse_job_request(
     body: dict[str, Any],
     cfg: ServiceConfig,
     grader_validator: Callable[[dict], None],
+    egress: EgressPolicy | None = None,
 ) -> JobRequest:
+    """``egress``: the tenant's; every tool and endpoint-grader URL must pass it
+    (checked again at every connection)."""
     unknown = sorted(set(body) - CREATE_FIELDS)
     if unknown:
         raise bad_request(
@@ -111,7 +122,10 @@ def parse_job_request(
         )
     if body.get("integrations") not in (None, []):
         raise bad_request("Integrations are not supported.", param="integrations")
-    grader, hyperparameters = _method(body.get("method"), grader_validator)
+    grader, hyperparameters, tools, steps = _method(
+        body.get("method"), grader_validator, cfg
+    )
+    _check_egress(grader, tools, egress or EgressPolicy())
     assert isinstance(model, str)  # equals cfg.base_model
     return JobRequest(
         model=model,
@@ -120,6 +134,8 @@ def parse_job_request(
         grader=grader,
         hyperparameters=hyperparameters,
         metadata=_metadata(body.get("metadata")),
+        tools=tools,
+        max_episode_steps=steps,
         seed=_seed(body.get("seed")),
         suffix=_suffix(body.get("suffix")),
         request_sha256=hashlib.sha256(
@@ -128,7 +144,70 @@ def parse_job_request(
     )
 
 
-def _method(method: Any, grader_validator: Callable[[dict], None]):
+def endpoint_urls(grader: dict[str, Any], param: str) -> list[tuple[Any, str]]:
+    """(url, its parameter) of every endpoint grader in ``grader``."""
+    if grader.get("type") == "multi" and isinstance(grader.get("graders"), dict):
+        return [
+            u
+            for k, sub in grader["graders"].items()
+            if isinstance(sub, dict)
+            for u in endpoint_urls(sub, f"{param}.graders.{k}")
+        ]
+    if grader.get("type") == ENDPOINT:
+        return [(grader.get("url"), f"{param}.url")]
+    return []
+
+
+def _check_egress(grader: dict, tools: list[dict], policy: EgressPolicy) -> None:
+    urls = endpoint_urls(grader, f"{RL}.grader") + [
+        (t["server_url"], f"{RL}.tools.{i}.server_url") for i, t in enumerate(tools)
+    ]
+    for url, param in urls:
+        try:
+            policy.check(url, param)
+        except EgressError as e:
+            raise bad_request(str(e), param=e.param) from None
+
+
+def _tools(rl: dict, cfg: ServiceConfig) -> tuple[list[dict], int | None]:
+    tools, steps = rl.get("tools"), rl.get("max_episode_steps")
+    if tools is None:
+        if steps is not None:
+            raise bad_request(
+                f"{RL}.max_episode_steps needs {RL}.tools (an agent job).",
+                param=f"{RL}.max_episode_steps",
+            )
+        return [], None
+    try:
+        parsed = parse_job_tools(tools, f"{RL}.tools")
+    except ToolSpecError as e:
+        raise bad_request(str(e), param=e.param) from None
+    if steps is None:
+        steps = cfg.max_episode_steps
+    if not _is_int(steps) or not 1 <= steps <= cfg.max_episode_steps:
+        raise bad_request(
+            f"{RL}.max_episode_steps must be an integer from 1 to "
+            f"{cfg.max_episode_steps}, got {steps!r}.",
+            param=f"{RL}.max_episode_steps",
+        )
+    return [t.to_dict() for t in parsed], steps
+
+
+def public_method(method: dict[str, Any]) -> dict[str, Any]:
+    """A job's ``method`` as the API shows it: tool and endpoint-grader header
+    values redacted (the tenant's secrets are stored, never returned)."""
+    rl = dict(method.get("reinforcement") or {})
+    if "grader" in rl:
+        rl["grader"] = public_grader(rl["grader"])
+    if "tools" in rl:
+        rl["tools"] = [
+            {**t, "headers": {k: "<redacted>" for k in t.get("headers") or {}}}
+            for t in rl["tools"]
+        ]
+    return {**method, "reinforcement": rl}
+
+
+def _method(method: Any, grader_validator: Callable[[dict], None], cfg: ServiceConfig):
     if method is None:
         raise bad_request(
             "method is required: {type: 'reinforcement', reinforcement: {grader, "
@@ -155,7 +234,9 @@ def _method(method: Any, grader_validator: Callable[[dict], None]):
             "method.reinforcement is required: {grader, hyperparameters}.",
             param="method.reinforcement",
         )
-    extra = sorted(set(rl) - {"grader", "hyperparameters"})
+    extra = sorted(
+        set(rl) - {"grader", "hyperparameters", "tools", "max_episode_steps"}
+    )
     if extra:
         raise bad_request(
             f"Unrecognized argument(s) in method.reinforcement: {', '.join(extra)}.",
@@ -188,7 +269,9 @@ def _method(method: Any, grader_validator: Callable[[dict], None]):
             "leave it out or use 'default'.",
             param=f"{HP}.reasoning_effort",
         )
-    return grader, {k: v for k, v in hp.items() if k != "reasoning_effort"}
+    tools, steps = _tools(rl, cfg)
+    hp = {k: v for k, v in hp.items() if k != "reasoning_effort"}
+    return grader, hp, tools, steps
 
 
 def _metadata(md: Any) -> dict[str, str] | None:
@@ -311,10 +394,18 @@ def resolve_hyperparameters(
     return resolved, steps
 
 
-def method_object(grader: dict[str, Any], resolved: dict[str, Any]) -> dict[str, Any]:
-    """The job's ``method`` as returned: the grader, hyperparameters resolved."""
+def method_object(
+    grader: dict[str, Any],
+    resolved: dict[str, Any],
+    tools: list[dict[str, Any]] | None = None,
+    max_episode_steps: int | None = None,
+) -> dict[str, Any]:
+    """The job's ``method`` as stored: the grader, hyperparameters resolved, an
+    agent job's tools (with their headers: ``public_method`` hides them) and
+    max_episode_steps."""
     hp = {k: resolved[k] for k in HYPERPARAMETERS if k in resolved}
-    return {
-        "type": "reinforcement",
-        "reinforcement": {"grader": grader, "hyperparameters": hp},
-    }
+    rl: dict[str, Any] = {"grader": grader, "hyperparameters": hp}
+    if tools:
+        rl["tools"] = [dict(t) for t in tools]
+        rl["max_episode_steps"] = max_episode_steps
+    return {"type": "reinforcement", "reinforcement": rl}

@@ -82,6 +82,7 @@ class ToolAgentWorkflow(TaskWorkflow, RolloutWorkflow):
         tokenizer: PreTrainedTokenizerFast | str,
         tools: list[dict] | None = None,
         max_episode_steps: int = 10,
+        max_turn_tokens: int = 0,
         tool_timeout_s: float = 600.0,
         tool_retries: int = 3,
         egress: dict | None = None,
@@ -103,6 +104,7 @@ class ToolAgentWorkflow(TaskWorkflow, RolloutWorkflow):
             for t in tools or []
         }
         self.max_episode_steps = max_episode_steps
+        self.max_turn_tokens = max_turn_tokens
         self.tool_timeout_s = tool_timeout_s
         self.tool_retries = tool_retries
         self.policy = EgressPolicy.from_dict(egress)
@@ -131,6 +133,7 @@ class ToolAgentWorkflow(TaskWorkflow, RolloutWorkflow):
             **super().workflow_kwargs(task, tokenizer_path, fault, grading),
             "tools": [dict(t) for t in a.tools],
             "max_episode_steps": a.max_episode_steps,
+            "max_turn_tokens": a.max_turn_tokens,
             "tool_timeout_s": a.tool_timeout_s,
             "tool_retries": a.tool_retries,
             "egress": {
@@ -246,6 +249,8 @@ class ToolAgentWorkflow(TaskWorkflow, RolloutWorkflow):
             if room <= 0:
                 end = "token budget used up"
                 break
+            if self.max_turn_tokens:
+                room = min(room, self.max_turn_tokens)
             resp = await engine.agenerate(
                 ModelRequest(
                     rid=rid,
