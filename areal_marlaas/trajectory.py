@@ -140,6 +140,7 @@ def tool_use(batch: list[dict[str, Any]]) -> ToolUse | None:
     return {
         "rollouts": len(eps),
         "calls": calls,
+        "sent": sum(e.get("sent", 0) for e in eps),
         "calls_per_rollout": calls / len(eps),
         "tokens_per_call": sum(e["output_tokens"] for e in eps) / calls
         if calls

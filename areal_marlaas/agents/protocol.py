@@ -238,6 +238,14 @@ def with_tools(messages: list[dict], tools: list[dict]) -> list[dict]:
     return [{"role": "system", "content": section}, *out]
 
 
+def prompt_messages(row: dict) -> list[dict]:
+    """The messages a row's prompt is rendered from: with its tools section
+    when it has tools (what prompt-length limits measure)."""
+    if row.get("tools"):
+        return with_tools(row["messages"], row["tools"])
+    return row["messages"]
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One call the model made: ids in OpenAI's shapes, arguments as JSON text;

@@ -85,7 +85,8 @@ class ToolUse(TypedDict):
     """A batch's tool calls (OpenAI's Agent RFT step metrics)."""
 
     rollouts: int
-    calls: int
+    calls: int  # the model's calls, each counted once
+    sent: int  # of them, those sent to an endpoint (known tool, parsed)
     calls_per_rollout: float
     tokens_per_call: float  # tokens the tool messages added, per call
     latency_s_mean: float  # one call's execution time, retries included

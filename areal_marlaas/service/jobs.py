@@ -17,7 +17,7 @@ from typing import Any
 from areal.utils.hf_utils import apply_chat_template
 
 from areal_marlaas.agents.egress import EgressPolicy
-from areal_marlaas.agents.protocol import check_row_tools, with_tools
+from areal_marlaas.agents.protocol import check_row_tools, prompt_messages
 from areal_marlaas.config import TaskDatasetConfig, TaskSpec
 from areal_marlaas.config.agent import AgentConfig
 from areal_marlaas.config.service import ServiceConfig
@@ -176,11 +176,8 @@ def check_lines(
                     "messages or change the grader.",
                     param,
                 ) from None
-        messages = row["messages"]
-        if tools is not None:
-            messages = with_tools(messages, row["tools"])
         ids = apply_chat_template(
-            tokenizer, messages, tokenize=True, add_generation_prompt=True
+            tokenizer, prompt_messages(row), tokenize=True, add_generation_prompt=True
         )
         too_long += len(ids) > max_prompt_tokens
     if not rows:

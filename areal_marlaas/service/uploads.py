@@ -68,9 +68,14 @@ def _check_row(row: object, n: int) -> None:
             raise UploadError(
                 f"{where} has role {role!r}; expected one of {list(ROLES)}."
             )
-        if not _is_content(msg.get("content")):
+        content = msg.get("content")
+        # An assistant turn that only calls tools (a demonstration) has none.
+        if not _is_content(content) and not (
+            content is None and role == "assistant" and msg.get("tool_calls")
+        ):
             raise UploadError(
-                f"{where} needs 'content': a string or a list of text parts."
+                f"{where} needs 'content': a string or a list of text parts "
+                "(null only in an assistant turn with tool_calls)."
             )
     if messages[-1].get("role") != "user":
         raise UploadError(

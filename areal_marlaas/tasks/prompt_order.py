@@ -7,6 +7,8 @@ from typing import Any
 
 from areal.utils.hf_utils import apply_chat_template
 
+from areal_marlaas.agents.protocol import prompt_messages
+
 
 class TaskData:
     """Epoch-wise shuffled rows; ``cursor`` (saved at every commit) says where the
@@ -39,7 +41,10 @@ class TaskData:
         if self.tokenizer is None or self.max_prompt_tokens is None:
             return True
         ids = apply_chat_template(
-            self.tokenizer, row["messages"], tokenize=True, add_generation_prompt=True
+            self.tokenizer,
+            prompt_messages(row),
+            tokenize=True,
+            add_generation_prompt=True,
         )
         return len(ids) <= self.max_prompt_tokens
 

@@ -4,6 +4,11 @@ optional injected latency.
 * ``POST /search {"query": str, "k": int}`` ->
   ``{"passages": [{id, title, text, score}], "latency_s": float, "injected_s": float}``
   (``latency_s``: the server's time for the request, injected delay included);
+* ``POST /tools/search``: the same search as a tenant's tool in OpenAI's Agent
+  RFT protocol: a Responses-API ``function_call`` item (``arguments``: JSON text
+  of ``{"query": str, "k": int}``; ``item`` and ``trace_id`` are ignored) ->
+  ``{"type": "function_call_output", "call_id", "output"}``, the passages as
+  ``[title] text`` lines (a 400 text for arguments without a query);
 * ``GET /health`` -> ``{"status": "ok", "passages", "worker", "workers", "pid"}``.
 
 Latency injection stands in for a real web search API (a second or so per call,
@@ -21,6 +26,7 @@ them on SIGTERM/SIGINT or when one of them exits.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import multiprocessing
@@ -35,17 +41,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import uvicorn
-from fastapi import FastAPI
-from pydantic import BaseModel, Field
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from areal_marlaas.rollout.reaper import set_pdeathsig
-from areal_marlaas.tools.bm25 import BM25Index
+from areal_marlaas.tools.bm25 import BM25Index, Passage, format_passages
 
 # Plain logging: importing AReaL (for its logger) would add seconds to the start.
 logger = logging.getLogger("MARLaaSSearchServer")
 
 MAX_K = 100
+TOOL_PASSAGE_CHARS = 300  # of each passage in a tool reply (the search agent's)
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,16 @@ class SearchRequest(BaseModel):
     k: int = Field(default=3, ge=1, le=MAX_K)
 
 
+class FunctionCall(BaseModel):
+    """A Responses-API ``function_call`` item (other keys, e.g. ``item`` and
+    ``trace_id``, are accepted and unused)."""
+
+    type: str = "function_call"
+    call_id: str = ""
+    name: str = ""
+    arguments: str = "{}"
+
+
 def create_app(
     index: BM25Index,
     latency: Latency | None = None,
@@ -126,6 +144,27 @@ def create_app(
             "latency_s": time.perf_counter() - t0,
             "injected_s": delay,
         }
+
+    @app.post("/tools/search")
+    async def search_tool(call: FunctionCall) -> Response:
+        try:
+            args = json.loads(call.arguments or "{}")
+            req = SearchRequest(**args) if isinstance(args, dict) else None
+        except (json.JSONDecodeError, ValidationError, TypeError):
+            req = None
+        if req is None or not req.query.strip():
+            return PlainTextResponse(
+                'arguments must be {"query": <text>, "k": <1..100>}', status_code=400
+            )
+        found = await search(req)
+        passages = [Passage(**p) for p in found["passages"]]
+        return JSONResponse(
+            {
+                "type": "function_call_output",
+                "call_id": call.call_id,
+                "output": format_passages(passages, TOOL_PASSAGE_CHARS),
+            }
+        )
 
     return app
 

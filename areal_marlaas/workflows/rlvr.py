@@ -11,6 +11,8 @@ from areal.utils.dynamic_import import import_from_string
 from areal.workflow.rlvr import RLVRWorkflow
 from transformers import PreTrainedTokenizerFast
 
+from areal_marlaas.agents.tool_client import RolloutDiscarded
+from areal_marlaas.graders.endpoint import endpoint_failure
 from areal_marlaas.rollout.seeding import seeded_sampling
 from areal_marlaas.trajectory import collect_served_adapters, generated_versions
 from areal_marlaas.workflows.base import TaskWorkflow, grader_reward
@@ -97,6 +99,9 @@ class MultiTaskRLVRWorkflow(TaskWorkflow, RLVRWorkflow):
             # AReaL's annotation says tensors only; a trajectory also carries
             # the keys set below.
             traj: dict[str, Any] = await super().arun_episode(engine, data)
+        why = endpoint_failure(grades, reasons)
+        if why:  # a reward service that stayed down: never a silent 0
+            raise RolloutDiscarded(why)
         versions = generated_versions(traj)
         if len(versions) != 1:
             # The engine pins one version per request; several means a bug upstream.

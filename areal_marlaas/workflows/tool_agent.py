@@ -348,6 +348,8 @@ class ToolAgentWorkflow(TaskWorkflow, RolloutWorkflow):
         traj["tool_use"] = [
             {
                 "calls": len(results),
+                # Calls that went out (not an unknown tool, unparseable, ...).
+                "sent": sum(r.attempts > 0 for r in results),
                 "errors": errors,
                 "seconds": sum(r.seconds for r in results),
                 "output_tokens": tool_tokens,

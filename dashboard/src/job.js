@@ -58,6 +58,7 @@ export class JobView {
       graders: new StepChart(charts, { title: "Reward per grader", name: "graders", yLabel: "mean score" }),
       loss: new StepChart(charts, { title: "Loss", name: "loss", yLabel: "loss" }),
       timing: new StepChart(charts, { title: "Step timing", name: "timing", yLabel: "seconds" }),
+      tools: new StepChart(charts, { title: "Tool calls (agent jobs)", name: "tools", yLabel: "per rollout / count / s" }),
     };
     this.checkpoints = h("div", { class: "checkpoints" });
     this.samples = h("div", { class: "samples" });
@@ -121,6 +122,13 @@ export class JobView {
       { label: "training", values: t("training") },
       { label: "eval", values: t("eval") },
       { label: "full iteration", values: t("full_iteration") },
+    ]);
+    const tool = (k) => col(rows, (r) => r.tools?.[k]);
+    this.charts.tools.update(xs, [
+      { label: "calls per rollout", values: tool("calls_per_rollout") },
+      { label: "errors", values: tool("errors") },
+      { label: "latency (s)", values: tool("latency_s_mean") },
+      { label: "discarded groups", values: col(rows, (r) => r.discarded_groups), dash: [6, 4] },
     ]);
   }
 
@@ -187,7 +195,11 @@ export class JobView {
     const items = await this.api.all(`${evalPath}/${encodeURIComponent(chosen.id)}/output_items`, {
       status: this.status || undefined,
     });
-    const text = (msgs) => (msgs || []).map((m) => m.content).join("\n");
+    // A tool agent's output is its conversation: each turn with its role, the
+    // calls it made (name and arguments) and the tools' outputs.
+    const call = (c) => `  -> ${c.function?.name}(${c.function?.arguments})`;
+    const turn = (m, many) => [many ? `[${m.role}] ${m.content ?? ""}` : m.content, ...(m.tool_calls || []).map(call)].join("\n");
+    const text = (msgs) => (msgs || []).map((m) => turn(m, (msgs || []).length > 1)).join("\n");
     clear(
       this.samples,
       h("div", { class: "pickers" }, picker, filter),

@@ -25,9 +25,12 @@ def traj(version: int, reward: float = 1.0) -> dict:
 
 
 class Rollout:
-    def __init__(self, gate: threading.Event | None = None, fail: str = ""):
+    def __init__(
+        self, gate: threading.Event | None = None, fail: str = "", discard: int = 0
+    ):
         self.gate = gate
         self.fail = fail
+        self.discard = discard  # episodes of each batch that come back failed
         self.version: dict[str, int] = {}
         self.priorities: list[tuple[str, int]] = []
 
@@ -45,7 +48,10 @@ class Rollout:
             assert self.gate.wait(60), "the probe was never polled enough"
         if self.fail:
             return [failure(self.fail) for _ in rows]
-        return [traj(self.version.get(workflow, 0)) for _ in rows]
+        out = [traj(self.version.get(workflow, 0)) for _ in rows]
+        for i in range(self.discard):
+            out[i] = failure("RolloutDiscarded: tool 'x' failed 4 times (HTTP 503)")
+        return out
 
 
 class Trainer:

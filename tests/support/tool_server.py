@@ -29,7 +29,7 @@ class ToolServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.table = dict(table or {})
         self.lock = threading.Lock()
-        self.calls: list[dict[str, Any]] = []  # {path, body, headers}
+        self.calls: list[dict[str, Any]] = []  # {path, body, headers, status}
         self.grades: list[dict[str, Any]] = []
         self.release = threading.Event()
         self.grader_down = False
@@ -65,6 +65,8 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _send(self, status: int, body: bytes, ctype: str = "application/json"):
+        with self.server.lock:
+            self._entry["status"] = status
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -75,6 +77,7 @@ class _Handler(BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(n) or b"{}")
         entry = {"path": self.path, "body": body, "headers": dict(self.headers)}
+        self._entry = entry
         srv = self.server
         with srv.lock:
             (srv.grades if self.path == "/grade" else srv.calls).append(entry)

@@ -63,6 +63,17 @@ def step_record(version: int, reward: float, t: float) -> StepRecord:
         "audited_tokens": 160,
         "page_faults": 0,
         "graders": graders,  # type: ignore[typeddict-item]
+        "discarded_groups": 0,
+        "tools": {
+            "rollouts": 8,
+            "calls": 8 + version,
+            "sent": 8 + version,
+            "calls_per_rollout": (8 + version) / 8,
+            "tokens_per_call": 12.0,
+            "latency_s_mean": 0.2,
+            "errors": 1,
+            "turns_mean": 2.0,
+        },
     }
 
 
@@ -83,6 +94,22 @@ def eval_samples(step: int) -> list[EvalSample]:
                 ],
             }
         )
+    # A tool agent's sample: its whole conversation.
+    out[0]["conversation"] = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"key": "0"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "zero is 0"},
+        {"role": "assistant", "content": out[0]["output"]},
+    ]
     return out
 
 
@@ -233,6 +260,8 @@ def test_a_job_page_charts_every_step_per_grader_and_updates_live(page, world, s
     assert series("reward") == "train|validation"
     assert series("graders") == "exact train|exact valid|again train|again valid"
     assert series("timing") == "sampling|training|eval|full iteration"
+    assert series("tools") == ("calls per rollout|errors|latency (s)|discarded groups")
+    p.wait_for_selector('[data-chart="tools"][data-points="2"]')
     assert p.locator('[data-chart="reward"] canvas').count() == 1
     assert p.locator(".checkpoints tr[data-step]").count() == 2
     page.shot("job")
@@ -252,6 +281,8 @@ def test_the_sample_viewer_shows_eval_outputs_with_scores_as_text(page, world):
     assert rows.count() == 4
     first = p.inner_text('.samples tr[data-item="0"]')
     assert "0 + 0?" in first and "exact: 1.000" in first
+    # A tool agent's conversation: its calls with arguments, the tool's output.
+    assert 'lookup({"key": "0"})' in first and "[tool] zero is 0" in first
     # Model output is text, never markup.
     assert XSS in p.inner_text('.samples tr[data-item="3"]')
     assert p.evaluate("window.pwned") is None

@@ -55,6 +55,15 @@ def test_failure_reason_of_every_episode_reaches_the_summary(tmp_path):
     assert "reward_fn raised ValueError: x" in err
 
 
+def test_a_step_reports_the_groups_it_discarded(tmp_path):
+    s = store(tmp_path)
+    Runtime([task("a", steps=2)], Rollout(discard=1), Trainer(), s).run()
+
+    steps = read_jsonl(s.steps_path)
+    assert [r["discarded_groups"] for r in steps] == [1, 1]
+    assert [r["n_trajectories"] for r in steps] == [1, 1]  # trained on the rest
+
+
 def test_the_trainers_version_is_the_one_committed(tmp_path):
     s = store(tmp_path)
     Runtime([task("a", steps=2)], Rollout(), Trainer(), s).run()

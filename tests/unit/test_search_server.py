@@ -142,6 +142,42 @@ def test_server_returns_the_in_process_top_k(index, corpus_path):
         assert bad.status_code == 422
 
 
+def test_server_answers_the_agent_rft_function_call_protocol(index):
+    """The tool agent calls it like any tenant tool (agents/tool_client.py)."""
+    import asyncio
+
+    from areal_marlaas.agents.egress import EgressPolicy
+    from areal_marlaas.agents.protocol import ToolEndpoint, parse_tool_calls
+    from areal_marlaas.agents.tool_client import call_tool
+    from areal_marlaas.tools.bm25 import format_passages
+
+    query = "who directed the film Jaws"
+    _, (ok, no_query) = parse_tool_calls(
+        f'<tool_call>{{"name": "search", "arguments": {{"query": "{query}"}}}}'
+        '</tool_call><tool_call>{"name": "search", "arguments": {}}</tool_call>'
+    )
+    with ThreadServer(create_app(index)) as srv:
+        endpoint = ToolEndpoint("search", f"{srv.url}/tools/search")
+
+        async def go(call):
+            async with httpx.AsyncClient() as client:
+                return await call_tool(
+                    client,
+                    EgressPolicy(("127.0.0.0/8",)),
+                    endpoint,
+                    call,
+                    {"question": query},
+                    "trace_1",
+                    10.0,
+                )
+
+        res = asyncio.run(go(ok))
+        assert res.output == format_passages(index.search(query, 3), 300)
+        assert not res.error and res.output.startswith("[Jaws (film)]")
+        bad = asyncio.run(go(no_query))
+        assert bad.output.startswith("Error 400") and bad.error == "HTTP 400"
+
+
 @pytest.mark.skipif(not HOTPOT.is_dir(), reason=f"no shared data at {HOTPOT}")
 def test_server_on_the_hotpotqa_corpus_returns_the_in_process_top_k():
     corpus = HOTPOT / "corpus.jsonl"

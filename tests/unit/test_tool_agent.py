@@ -32,7 +32,8 @@ SCHEMAS = [
 
 
 def call(name: str, **args) -> str:
-    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(args)}}}\n</tool_call>'
+    body = json.dumps({"name": name, "arguments": args})
+    return f"<tool_call>\n{body}\n</tool_call>"
 
 
 @pytest.fixture
@@ -111,7 +112,7 @@ def test_parallel_calls_run_and_their_outputs_are_not_trained_on(tokenizer, tool
     assert torch.all(traj["logprobs"][0][~mask] == 0)
     # The step metrics count what the tool server saw.
     (use,) = traj["tool_use"]
-    assert use["calls"] == len(calls) == 2
+    assert use["calls"] == use["sent"] == len(calls) == 2
     assert use["errors"] == 1 and use["turns"] == 2
     convo = traj["conversations"][0]
     assert [m["role"] for m in convo] == ["assistant", "tool", "tool", "assistant"]
@@ -146,3 +147,77 @@ def test_an_unknown_tool_is_an_error_the_model_reads(tokenizer, tools):
     assert tools.tool_calls() == []
     assert "no tool named 'teleport'" in traj["conversations"][0][1]["content"]
     assert traj["tool_use"][0]["errors"] == 1
+    assert traj["tool_use"][0]["sent"] == 0
+
+
+def test_a_tasks_yaml_task_with_tools_runs_the_tool_agent(tmp_path, tokenizer, tools):
+    """``marlaas train``: a task with ``agent.tools`` (by URL) and rows of
+    messages + tools gets this workflow, its tools and its egress policy."""
+    from areal_marlaas.config import TaskSpec
+    from areal_marlaas.config.agent import AgentConfig
+    from areal_marlaas.config.tasks import TaskDatasetConfig
+    from areal_marlaas.workflows import AGENT_WORKFLOW, task_workflow
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(row()) + "\n")
+    spec = TaskSpec(
+        name="agent",
+        dataset=TaskDatasetConfig(path=str(data), format="messages"),
+        grader={"type": "endpoint", "name": "judge", "url": f"{tools.url}/grade"},
+        agent=AgentConfig(
+            tools=[{"name": "lookup", "server_url": tools.tool_url("lookup")}],
+            max_episode_steps=2,
+            egress_allow=["127.0.0.0/8"],
+        ),
+    )
+    path, kwargs = task_workflow(spec, tokenizer.name_or_path)
+    assert path == AGENT_WORKFLOW
+    assert kwargs["tools"][0]["server_url"] == tools.tool_url("lookup")
+    assert kwargs["egress"] == {"allow": ["127.0.0.0/8"], "only_allowed": False}
+    wf = ToolAgentWorkflow(**kwargs)
+    engine = ScriptedEngine(
+        tokenizer, [call("lookup", key="capital_of_x") + EOT, "Zorb" + EOT]
+    )
+    traj = asyncio.run(wf.arun_episode(engine, row()))
+    assert traj["rewards"].item() == 1.0 and len(tools.tool_calls()) == 1
+
+
+def test_a_task_with_tools_and_its_own_workflow_is_refused():
+    from areal_marlaas.config import TaskSpec
+    from areal_marlaas.config.agent import AgentConfig
+    from areal_marlaas.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="agent.tools runs the tool agent"):
+        TaskSpec(
+            name="x",
+            kind="addition",
+            workflow="my.Workflow",
+            agent=AgentConfig(tools=[{"name": "s", "server_url": "http://a/"}]),
+        )
+    with pytest.raises(ConfigError, match="max_episode_steps"):
+        AgentConfig(max_episode_steps=0).check("task 'x'")
+
+
+def test_a_single_turn_job_with_a_grader_endpoint_down_discards_too(tokenizer, tools):
+    """The RLVR workflow (a job without tools) scores in its reward pool; an
+    endpoint grader that stays down discards the rollout there as well."""
+    from areal_marlaas.workflows.reward import IsolatedReward
+    from areal_marlaas.workflows.rlvr import MultiTaskRLVRWorkflow
+
+    tools.grader_down = True
+    wf = MultiTaskRLVRWorkflow(
+        task="single",
+        reward_fn="",
+        gconfig=GenerationHyperparameters(max_new_tokens=16),
+        tokenizer=tokenizer,
+        reward_timeout_s=60.0,
+        grader={"type": "endpoint", "name": "judge", "url": f"{tools.url}/grade"},
+        grading={"egress": {"allow": ["127.0.0.0/8"]}},
+    )
+    engine = ScriptedEngine(tokenizer, ["Zorb" + EOT])
+    try:
+        with pytest.raises(RolloutDiscarded, match="endpoint grader 'judge'"):
+            asyncio.run(wf.arun_episode(engine, {**row(), "tools": None}))
+    finally:
+        IsolatedReward.shutdown_all()
+    assert len(tools.grades) == 4
