@@ -4,7 +4,8 @@ global one, which AReaL and vLLM clients may also fill).
 Jobs per tenant and status, the queue length and each tenant's usage are read
 from the job store at scrape time. The scheduler side reports the rest through
 :class:`ServiceMetrics`:
-``observe_ttfs``, ``observe_step``, ``set_trainer_busy``, ``set_kv_usage``.
+``observe_ttfs``, ``observe_step``, ``observe_tools``, ``set_trainer_busy``,
+``set_kv_usage``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from areal_marlaas.service.tables import QUEUED, STATUSES
 # Seconds; TTFS spans queueing, so it reaches hours on a busy pool.
 TTFS_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, float("inf"))
 STEP_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, float("inf"))
+TOOL_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 600, float("inf"))
 
 
 # Per-tenant usage, summed over its jobs from the job store at scrape time.
@@ -99,6 +101,27 @@ class ServiceMetrics:
             "The rollout server's KV-cache usage (vllm:kv_cache_usage_perc).",
             registry=self.registry,
         )
+        self.tool_calls = Counter(
+            "marlaas_tool_calls",
+            "Agent jobs' tool calls in committed steps (errors: calls the model "
+            "saw an error for).",
+            ["tenant", "outcome"],
+            registry=self.registry,
+        )
+        self.tool_seconds = Histogram(
+            "marlaas_tool_call_seconds",
+            "Mean execution time of one tool call, per committed agent step.",
+            ["tenant"],
+            buckets=TOOL_BUCKETS,
+            registry=self.registry,
+        )
+        self.discarded = Counter(
+            "marlaas_discarded_groups",
+            "Rollout groups dropped from committed steps (a tool's 5xx after its "
+            "retries, an endpoint grader down, a failed episode).",
+            ["tenant"],
+            registry=self.registry,
+        )
         self.requests = Counter(
             "marlaas_api_requests",
             "API requests by method, route and status code.",
@@ -115,6 +138,17 @@ class ServiceMetrics:
 
     def observe_step(self, tenant: str, seconds: float) -> None:
         self.step.labels(tenant).observe(seconds)
+
+    def observe_tools(self, tenant: str, tools: dict | None, discarded: int) -> None:
+        """A committed step's tool metrics (``StepRecord.tools``) and discards."""
+        if discarded:
+            self.discarded.labels(tenant).inc(discarded)
+        if not tools:
+            return
+        self.tool_calls.labels(tenant, "ok").inc(tools["calls"] - tools["errors"])
+        self.tool_calls.labels(tenant, "error").inc(tools["errors"])
+        if tools["calls"]:
+            self.tool_seconds.labels(tenant).observe(tools["latency_s_mean"])
 
     def set_trainer_busy(self, fraction: float) -> None:
         self._busy = min(max(fraction, 0.0), 1.0)

@@ -108,6 +108,9 @@ class JobRecorder:
         )
         self.prune(held)
         self.metrics.observe_step(held.tenant_id, r["train_s"])
+        self.metrics.observe_tools(
+            held.tenant_id, dict(r.get("tools") or {}), r.get("discarded_groups", 0)
+        )
         if not held.first_step_seen:
             held.first_step_seen = True
             job = self.jobs.job(held.job_id)

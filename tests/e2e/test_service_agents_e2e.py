@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 
+import httpx
 import pytest
 
 from areal_marlaas.rundir.reader import read_jsonl
@@ -189,6 +190,20 @@ def test_an_agent_job_calls_its_tools_and_grader_and_trains(service):
         failed = [c for c in train_calls if c["status"] != 200]
         assert total("errors") == len(failed) + total("calls") - total("sent")
         assert all(m["discarded_groups"] == 0 for m in metrics)
+
+        # /metrics counts the same calls (the operator's view).
+        scrape = httpx.get(
+            f"http://127.0.0.1:{live.port}/metrics",
+            headers={"Authorization": f"Bearer {live.admin_key()}"},
+        ).text
+        tenant = job.organization_id
+        ok = total("calls") - total("errors")
+        assert (
+            f'marlaas_tool_calls_total{{outcome="ok",tenant="{tenant}"}} {ok}.0'
+            in scrape
+        )
+        err = f'marlaas_tool_calls_total{{outcome="error",tenant="{tenant}"}}'
+        assert f"{err} {total('errors')}.0" in scrape
 
         # The trainer re-scored every generated token: tool outputs carried
         # loss mask 0 (a tool token trained on would have no server logprob).

@@ -905,6 +905,8 @@ def test_metrics_need_the_admin_key(svc):
     metrics.observe_step(tenant_id, 3.0)
     metrics.set_trainer_busy(0.75)
     metrics.set_kv_usage(1.7)
+    tools = {"calls": 5, "errors": 2, "latency_s_mean": 0.3}
+    metrics.observe_tools(tenant_id, tools, discarded=1)
     r = httpx.get(url, headers={"Authorization": f"Bearer {admin}"})
     assert r.status_code == 200
     text = r.text
@@ -913,6 +915,10 @@ def test_metrics_need_the_admin_key(svc):
     assert f'marlaas_ttfs_seconds_count{{tenant="{tenant_id}"}} 1.0' in text
     assert f'marlaas_step_seconds_sum{{tenant="{tenant_id}"}} 3.0' in text
     assert "marlaas_trainer_busy_fraction 0.75" in text
+    ok = f'marlaas_tool_calls_total{{outcome="ok",tenant="{tenant_id}"}} 3.0'
+    assert ok in text
+    assert f'marlaas_tool_call_seconds_sum{{tenant="{tenant_id}"}} 0.3' in text
+    assert f'marlaas_discarded_groups_total{{tenant="{tenant_id}"}} 1.0' in text
     assert "marlaas_server_kv_usage_fraction 1.0" in text  # clamped
     assert (
         'marlaas_api_requests_total{code="200",method="POST",route="/v1/fine_tuning/jobs"}'
