@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -127,6 +127,68 @@ def grader_stats(batch: list[dict[str, Any]]) -> list[GraderStat]:
         s["reward_mean"] /= s["samples"]
         s["seconds_mean"] /= s["samples"]
     return list(acc.values())
+
+
+class Generated(Protocol):
+    """What a generation returns (AReaL's ``ModelResponse``)."""
+
+    output_tokens: list[int]
+    output_logprobs: list[float]
+    output_versions: list[int]
+
+
+class EpisodeTokens:
+    """One multi-turn episode in AReaL's RLVR layout, built as it runs: the
+    policy's tokens exactly as the server returned them (loss mask 1, their
+    logprobs and adapter versions), everything else (prompt, tool outputs,
+    template tokens) with loss mask 0, logprob 0 and version -1."""
+
+    def __init__(self, prompt: list[int]):
+        self.prompt = list(prompt)
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.loss_mask: list[int] = []
+        self.versions: list[int] = []
+        self.context(self.prompt)
+
+    @property
+    def response(self) -> list[int]:
+        """Everything after the prompt (generated and tool tokens)."""
+        return self.ids[len(self.prompt) :]
+
+    def generated(self, resp: Generated) -> list[int]:
+        out = list(resp.output_tokens)
+        self.ids += out
+        self.logprobs += list(resp.output_logprobs)
+        self.loss_mask += [1] * len(out)
+        self.versions += list(resp.output_versions)
+        return out
+
+    def context(self, ids: list[int]) -> None:
+        self.ids += ids
+        self.logprobs += [0.0] * len(ids)
+        self.loss_mask += [0] * len(ids)
+        self.versions += [-1] * len(ids)
+
+    def trajectory(self, task: str, reward: float) -> dict[str, Any]:
+        """The [1, L] tensors plus ``task``; raises if the generated tokens
+        came from more than one adapter version (the engine pins one)."""
+        traj: dict[str, Any] = {
+            "input_ids": torch.tensor(self.ids, dtype=torch.int32),
+            "loss_mask": torch.tensor(self.loss_mask, dtype=torch.int32),
+            "logprobs": torch.tensor(self.logprobs, dtype=torch.float32),
+            "versions": torch.tensor(self.versions, dtype=torch.int32),
+            "attention_mask": torch.ones(len(self.ids), dtype=torch.bool),
+            "rewards": torch.tensor(reward, dtype=torch.float32),
+        }
+        traj = {k: v.unsqueeze(0) for k, v in traj.items()}
+        found = generated_versions(traj)
+        if len(found) != 1:
+            raise RuntimeError(
+                f"task {task}: episode mixes adapter versions {sorted(found)}"
+            )
+        traj["task"] = task
+        return traj
 
 
 def tool_use(batch: list[dict[str, Any]]) -> ToolUse | None:

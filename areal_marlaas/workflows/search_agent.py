@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import torch
 from areal import workflow_context
 from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest
@@ -46,7 +45,7 @@ from areal_marlaas.tasks.search import (
     get_index,
 )
 from areal_marlaas.tools.search_client import SearchClient, SearchError
-from areal_marlaas.trajectory import collect_served_adapters, generated_versions
+from areal_marlaas.trajectory import EpisodeTokens, collect_served_adapters
 from areal_marlaas.workflows.base import TaskWorkflow, grader_reward
 
 if TYPE_CHECKING:
@@ -294,10 +293,7 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
             prompt_ids = list(prompt_ids) + self.tokenizer.encode(
                 prefix, add_special_tokens=False
             )
-        seq = list(prompt_ids)
-        logprobs = [0.0] * len(seq)
-        loss_mask = [0] * len(seq)
-        versions = [-1] * len(seq)
+        tokens = EpisodeTokens(list(prompt_ids))
         budget = self.gconfig.max_new_tokens
         rid = uuid.uuid4().hex
         pieces: list[str] = []
@@ -306,22 +302,17 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
         tool_errors: list[str] = []
         env: list[float] = []  # start, end of each tool call (the env phase)
         while True:
-            room = budget - (len(seq) - len(prompt_ids))
+            room = budget - len(tokens.response)
             if room <= 0:
                 reason = "token budget used up before an answer"
                 break
             req = ModelRequest(
                 rid=rid,
-                input_ids=list(seq),
+                input_ids=list(tokens.ids),
                 gconfig=self.gconfig.new(n_samples=1, max_new_tokens=room),
                 tokenizer=self.tokenizer,
             )
-            resp = await engine.agenerate(req)
-            out = list(resp.output_tokens)
-            seq += out
-            logprobs += list(resp.output_logprobs)
-            loss_mask += [1] * len(out)
-            versions += list(resp.output_versions)
+            out = tokens.generated(await engine.agenerate(req))
             text = self._decode(out)
             if not pieces:
                 text = prefix + text  # the first turn continues the prefix
@@ -344,23 +335,22 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
                 timeouts += tool_error.startswith("search timed out")
                 tool_errors.append(tool_error)
                 logger.info(f"task {self.task}: {tool_error} (query {turn.value!r})")
-            room = budget - (len(seq) - len(prompt_ids))
+            room = budget - len(tokens.response)
             info = self.tokenizer.encode(
                 information_text(body), add_special_tokens=False
             )
             info = info[:room]
-            seq += info
-            logprobs += [0.0] * len(info)
-            loss_mask += [0] * len(info)
-            versions += [-1] * len(info)
+            tokens.context(info)
             pieces.append(self._decode(info))
 
         reward = 0.0
         if answer is not None:
-            prompt_str = self._decode(prompt_ids)
-            completion_ids = seq[len(prompt_ids) :]
             reward, reason = await self.score(
-                data, answer, prompt_str, "".join(pieces), (prompt_ids, completion_ids)
+                data,
+                answer,
+                self._decode(tokens.prompt),
+                "".join(pieces),
+                (tokens.prompt, tokens.response),
             )
         if reason:
             logger.info(f"task {self.task}: reward {reward} ({reason})")
@@ -374,20 +364,7 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
                 "tool_errors": tool_errors,
             }
         )
-        traj: dict[str, Any] = {
-            "input_ids": torch.tensor(seq, dtype=torch.int32),
-            "loss_mask": torch.tensor(loss_mask, dtype=torch.int32),
-            "logprobs": torch.tensor(logprobs, dtype=torch.float32),
-            "versions": torch.tensor(versions, dtype=torch.int32),
-            "attention_mask": torch.ones(len(seq), dtype=torch.bool),
-            "rewards": torch.tensor(reward, dtype=torch.float32),
-        }
-        traj = {k: v.unsqueeze(0) for k, v in traj.items()}
-        found = generated_versions(traj)
-        if len(found) != 1:
-            raise RuntimeError(
-                f"task {self.task}: episode mixes adapter versions {sorted(found)}"
-            )
+        traj = tokens.trajectory(self.task, reward)
         scope = f"{workflow_context.stat_scope()}/{self.task}"
         stats_tracker.get(scope).scalar(
             reward=reward,
@@ -396,6 +373,5 @@ class SearchAgentWorkflow(TaskWorkflow, RolloutWorkflow):
             tool_failures=float(len(tool_errors)),
             answered=float(answer is not None),
         )
-        traj["task"] = self.task
         traj["env_intervals"] = env
         return traj

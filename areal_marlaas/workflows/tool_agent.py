@@ -28,7 +28,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import httpx
-import torch
 from areal import workflow_context
 from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest
@@ -56,7 +55,7 @@ from areal_marlaas.graders import (
 )
 from areal_marlaas.graders.endpoint import TRACE_ID
 from areal_marlaas.rollout.seeding import seeded_sampling
-from areal_marlaas.trajectory import collect_served_adapters, generated_versions
+from areal_marlaas.trajectory import EpisodeTokens, collect_served_adapters
 from areal_marlaas.workflows.base import TaskWorkflow
 
 if TYPE_CHECKING:
@@ -221,20 +220,16 @@ class ToolAgentWorkflow(TaskWorkflow, RolloutWorkflow):
         tools = list(data.get("tools") or [])
         messages = list(data["messages"])
         item = dict(data)  # the row, as OpenAI sends it to tools and graders
-        prompt_ids = list(
-            self._render(
-                messages,
-                tools,
-                tokenize=True,
-                add_generation_prompt=True,
-                enable_thinking=self.enable_thinking,
+        tokens = EpisodeTokens(
+            list(
+                self._render(
+                    messages,
+                    tools,
+                    tokenize=True,
+                    add_generation_prompt=True,
+                    enable_thinking=self.enable_thinking,
+                )
             )
-        )
-        seq = list(prompt_ids)
-        logprobs, loss_mask, versions = (
-            [0.0] * len(seq),
-            [0] * len(seq),
-            [-1] * len(seq),
         )
         budget = self.gconfig.max_new_tokens
         rid = uuid.uuid4().hex
@@ -245,7 +240,7 @@ class ToolAgentWorkflow(TaskWorkflow, RolloutWorkflow):
         final, turns, end = "", 0, "answered"
         eos_ids = set(self.gconfig.stop_token_ids or [])
         while True:
-            room = budget - (len(seq) - len(prompt_ids))
+            room = budget - len(tokens.response)
             if room <= 0:
                 end = "token budget used up"
                 break
@@ -254,16 +249,12 @@ class ToolAgentWorkflow(TaskWorkflow, RolloutWorkflow):
             resp = await engine.agenerate(
                 ModelRequest(
                     rid=rid,
-                    input_ids=list(seq),
+                    input_ids=list(tokens.ids),
                     gconfig=self.gconfig.new(n_samples=1, max_new_tokens=room),
                     tokenizer=self.tokenizer,
                 )
             )
-            out = list(resp.output_tokens)
-            seq += out
-            logprobs += list(resp.output_logprobs)
-            loss_mask += [1] * len(out)
-            versions += list(resp.output_versions)
+            out = tokens.generated(resp)
             turns += 1
             content, calls = parse_tool_calls(self._decode(out))
             turn: dict[str, Any] = {"role": "assistant", "content": content}
@@ -306,41 +297,23 @@ class ToolAgentWorkflow(TaskWorkflow, RolloutWorkflow):
             conversation += tool_msgs
             ended = bool(out) and out[-1] in eos_ids
             piece = self._after_turn(tool_msgs, ended)
-            room = budget - (len(seq) - len(prompt_ids))
-            piece = piece[:room]
+            piece = piece[: budget - len(tokens.response)]
             tool_tokens += len(piece)
-            seq += piece
-            logprobs += [0.0] * len(piece)
-            loss_mask += [0] * len(piece)
-            versions += [-1] * len(piece)
+            tokens.context(piece)
 
         calls_made = [tc for m in conversation for tc in m.get("tool_calls", [])]
         sample = build_sample(final, output_tools=calls_made, messages=conversation)
         reward, grades, reason = await self._score(
-            data, sample, prompt_ids, seq[len(prompt_ids) :]
+            data, sample, tokens.prompt, tokens.response
         )
         errors = sum(bool(r.error) for r in results)
         if reason or end != "answered":
             logger.info(f"task {self.task}: reward {reward} ({reason or end})")
-        traj: dict[str, Any] = {
-            "input_ids": torch.tensor(seq, dtype=torch.int32),
-            "loss_mask": torch.tensor(loss_mask, dtype=torch.int32),
-            "logprobs": torch.tensor(logprobs, dtype=torch.float32),
-            "versions": torch.tensor(versions, dtype=torch.int32),
-            "attention_mask": torch.ones(len(seq), dtype=torch.bool),
-            "rewards": torch.tensor(reward, dtype=torch.float32),
-        }
-        traj = {k: v.unsqueeze(0) for k, v in traj.items()}
-        found = generated_versions(traj)
-        if len(found) != 1:
-            raise RuntimeError(
-                f"task {self.task}: episode mixes adapter versions {sorted(found)}"
-            )
+        traj = tokens.trajectory(self.task, reward)
         scope = f"{workflow_context.stat_scope()}/{self.task}"
         stats_tracker.get(scope).scalar(
             reward=reward, tool_calls=float(len(results)), tool_errors=float(errors)
         )
-        traj["task"] = self.task
         traj["env_intervals"] = env
         traj["grades"] = grades
         traj["reward_reasons"] = [reason] if reason else []
