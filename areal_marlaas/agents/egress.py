@@ -59,6 +59,29 @@ def _plain(ip: IPAddress) -> IPAddress:
     return ip
 
 
+def split_url(url: object, param: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of an http(s) URL without credentials; the syntax
+    only (where it may connect is ``EgressPolicy``'s question)."""
+    if not isinstance(url, str) or not url:
+        raise EgressError(f"{param} must be an http(s) URL.", param)
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise EgressError(
+            f"{param} must be an http:// or https:// URL with a host, got {url!r}.",
+            param,
+        )
+    if parts.username is not None or parts.password is not None:
+        raise EgressError(
+            f"{param}: credentials in the URL are not allowed; send them in headers.",
+            param,
+        )
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as e:
+        raise EgressError(f"{param}: bad port in {url!r} ({e}).", param) from None
+    return parts.scheme, parts.hostname, port
+
+
 @dataclass(frozen=True)
 class EgressPolicy:
     allow: tuple[str, ...] = field(default=())
@@ -86,31 +109,10 @@ class EgressPolicy:
             return not ip.is_link_local
         return ip.is_global and not self.only_allowed
 
-    def _split(self, url: object, param: str) -> tuple[str, str, int]:
-        if not isinstance(url, str) or not url:
-            raise EgressError(f"{param} must be an http(s) URL.", param)
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise EgressError(
-                f"{param} must be an http:// or https:// URL with a host, got {url!r}.",
-                param,
-            )
-        if parts.username is not None or parts.password is not None:
-            raise EgressError(
-                f"{param}: credentials in the URL are not allowed; send them in "
-                "headers.",
-                param,
-            )
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError as e:
-            raise EgressError(f"{param}: bad port in {url!r} ({e}).", param) from None
-        return parts.scheme, parts.hostname, port
-
     def resolve(self, url: object, param: str) -> Pinned:
         """Check ``url`` and pick the address to connect to (blocking: DNS)."""
-        _, host, port = self._split(url, param)
-        assert isinstance(url, str)  # _split checked it
+        _, host, port = split_url(url, param)
+        assert isinstance(url, str)  # split_url checked it
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except (socket.gaierror, UnicodeError) as e:

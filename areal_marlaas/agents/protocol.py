@@ -31,6 +31,11 @@ MAX_TOOLS = 32
 MAX_HEADERS = 32
 
 
+def redacted(headers: dict[str, str] | None) -> dict[str, str]:
+    """Header names with their values hidden, as API responses show them."""
+    return {k: "<redacted>" for k in headers or {}}
+
+
 class ToolSpecError(ValueError):
     """A tool list or schema the service cannot use; ``param`` names the field."""
 
@@ -60,7 +65,7 @@ class ToolEndpoint:
         return {
             "name": self.name,
             "server_url": self.server_url,
-            "headers": {k: "<redacted>" for k in self.headers},
+            "headers": redacted(self.headers),
         }
 
 

@@ -26,11 +26,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
-from areal_marlaas.agents.egress import EgressError, EgressPolicy
-from areal_marlaas.agents.protocol import ToolSpecError, check_headers
+from areal_marlaas.agents.egress import EgressError, EgressPolicy, split_url
+from areal_marlaas.agents.protocol import ToolSpecError, check_headers, redacted
 from areal_marlaas.agents.tool_client import MAX_PAYLOAD_BYTES, post_pinned
 from areal_marlaas.graders.errors import GraderError
 from areal_marlaas.graders.spec import register_grader_type
@@ -78,7 +79,7 @@ def parse_endpoint(spec: dict, param: str) -> EndpointConfig:
     url = spec.get("url")
     try:
         # Syntax only here; where it may connect is the service's check.
-        EgressPolicy()._split(url, f"{param}.url")
+        split_url(url, f"{param}.url")
         headers = check_headers(spec.get("headers"), f"{param}.headers")
     except (EgressError, ToolSpecError) as e:
         raise GraderError(str(e), e.param) from None
@@ -93,7 +94,7 @@ def parse_endpoint(spec: dict, param: str) -> EndpointConfig:
         raise GraderError(
             f"{param}.pass_threshold must be a number.", f"{param}.pass_threshold"
         )
-    assert isinstance(url, str)  # _split checked it
+    assert isinstance(url, str)  # split_url checked it
     return EndpointConfig(
         name,
         url,
@@ -113,7 +114,7 @@ def public_grader(spec: dict) -> dict:
             for k, v in out["graders"].items()
         }
     elif out.get("type") == ENDPOINT and isinstance(out.get("headers"), dict):
-        out["headers"] = {k: "<redacted>" for k in out["headers"]}
+        out["headers"] = redacted(out["headers"])
     return out
 
 
@@ -189,8 +190,6 @@ def _score(raw: bytes | None) -> float | None:
 
 
 def _origin(url: str) -> str:
-    from urllib.parse import urlsplit
-
     p = urlsplit(url)
     return f"{p.scheme}://{p.hostname}{f':{p.port}' if p.port else ''}"
 

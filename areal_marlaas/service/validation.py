@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal_marlaas.agents.egress import EgressError, EgressPolicy
-from areal_marlaas.agents.protocol import ToolSpecError, parse_job_tools
+from areal_marlaas.agents.protocol import ToolEndpoint, ToolSpecError, parse_job_tools
 from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.graders.endpoint import ENDPOINT, public_grader
 from areal_marlaas.service.errors import bad_request
@@ -200,10 +200,7 @@ def public_method(method: dict[str, Any]) -> dict[str, Any]:
     if "grader" in rl:
         rl["grader"] = public_grader(rl["grader"])
     if "tools" in rl:
-        rl["tools"] = [
-            {**t, "headers": {k: "<redacted>" for k in t.get("headers") or {}}}
-            for t in rl["tools"]
-        ]
+        rl["tools"] = [ToolEndpoint(**t).public() for t in rl["tools"]]
     return {**method, "reinforcement": rl}
 
 

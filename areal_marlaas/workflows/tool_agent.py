@@ -135,10 +135,9 @@ class ToolAgentWorkflow(TaskWorkflow, RolloutWorkflow):
             "max_turn_tokens": a.max_turn_tokens,
             "tool_timeout_s": a.tool_timeout_s,
             "tool_retries": a.tool_retries,
-            "egress": {
-                "allow": list(a.egress_allow),
-                "only_allowed": a.egress_only_allowed,
-            },
+            "egress": EgressPolicy(
+                tuple(a.egress_allow), a.egress_only_allowed
+            ).to_dict(),
         }
 
     # -- text and tokens ----------------------------------------------------------
