@@ -288,9 +288,18 @@ def search_demo(question: str, query: str, passage: str, answer: str) -> list[di
 
 
 def search_row(question: str, answer: str) -> dict:
-    """A wiki-search line: two demonstrations of the search tool, then the
-    question (the paper's agentic task, as a tenant submits it)."""
+    """A wiki-search line: three demonstrations of the search tool, then the
+    question (the paper's agentic task, as a tenant submits it). With two
+    demonstrations the model called ``search`` in 23/32 and 5/32 first turns
+    of these two questions at temperature 0.5 (no search in a job's four
+    first turns about 1 time in 18); with three, 32/32 and 31/32."""
     messages = [
+        *search_demo(
+            "Who directed the film Heat?",
+            "Heat film",
+            "[Heat (1995 film)] Heat is a 1995 crime film directed by Michael Mann.",
+            "Michael Mann.",
+        ),
         *search_demo(
             "Who directed the film Titanic?",
             "Titanic film",
