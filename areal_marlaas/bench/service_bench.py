@@ -16,6 +16,12 @@ from typing import Any
 from omegaconf import OmegaConf, open_dict
 
 from areal_marlaas.bench.report import mean_sd
+from areal_marlaas.bench.service_agents import (
+    AGENT_OVERRIDES,
+    TOOL_KEYS,
+    ToolServers,
+    format_tool_table,
+)
 from areal_marlaas.bench.service_load import (
     BASE_MODEL,
     GRADERS,
@@ -30,6 +36,7 @@ from areal_marlaas.bench.service_load import (
     run_metrics,
     tenant_metrics,
 )
+from areal_marlaas.bench.tool_overlap import tool_overlap
 from areal_marlaas.config.bench_service import ServiceBenchConfig, ServiceLoadConfig
 from areal_marlaas.config.loader import compose_yaml, load_config, parse_args
 from areal_marlaas.rollout.server import free_port
@@ -73,6 +80,7 @@ class ServiceBench:
         }
         # label -> what the simulator fits and replays of a run (fit_input.json).
         self.fit_runs: dict[str, dict[str, Any]] = {}
+        self.tools = ToolServers(self.work, [], 1, self.load.seed)  # run() starts them
 
     # -- one service, every rate ---------------------------------------------------
     def _service_overrides(self, service: str) -> list[str]:
@@ -91,7 +99,9 @@ class ServiceBench:
         adaptive = "adaptive" if service == "fair_adaptive" else "off"
         svc = self.cfg.service
         held = 1 if service == "fifo" and self.load.tenants else total
+        agents = AGENT_OVERRIDES if any(p.tool_latency_s for p in plan) else ()
         return [
+            *agents,
             *self.overrides,
             f"scheduler.train_order={order}",
             f"scheduler.rollout_order={'fair' if fair else 'fifo'}",
@@ -144,6 +154,11 @@ class ServiceBench:
             "n_epochs": self.load.n_epochs,
             "compute_multiplier": job.compute_multiplier,
         }
+        if job.tool_latency_s:
+            return {
+                "type": "reinforcement",
+                "reinforcement": self.tools.reinforcement(job.tool_latency_s, hp),
+            }
         return {
             "type": "reinforcement",
             "reinforcement": {
@@ -211,10 +226,18 @@ class ServiceBench:
         events = read_jsonl(run_dir / "events.jsonl")
         if self.load.tenants:
             metrics.update(tenant_metrics(jobs, phase_records(events), self._weights()))
+        commits = [c for j in jobs for c in j["commits"]]
+        window = (first_arrival, max(commits)) if commits and first_arrival else None
+        metrics.update(tool_overlap(phase_records(events), window))
         fit = service_fit_run(
             events, read_jsonl(run_dir / "steps.jsonl"), jobs, offsets, first_arrival
         )
         return {"arrivals_s": offsets, "jobs": jobs, "metrics": metrics, "fit": fit}
+
+    def _lines(self, job: JobPlan, i: int) -> bytes:
+        if job.tool_latency_s:
+            return self.tools.lines(job.lines)
+        return arithmetic_lines(job.lines, i)
 
     def _one_service(self, service: str, repeat: int) -> None:
         root = self.work / f"{service}.r{repeat}"
@@ -231,7 +254,7 @@ class ServiceBench:
             files = [  # each job's file, uploaded by the tenant that sends it
                 clients[job.tenant]
                 .files.create(
-                    file=(f"j{i}.jsonl", arithmetic_lines(job.lines, i)),
+                    file=(f"j{i}.jsonl", self._lines(job, i)),
                     purpose="fine-tune",
                 )
                 .id
@@ -266,9 +289,18 @@ class ServiceBench:
 
     def run(self) -> dict[str, Any]:
         self.out.mkdir(parents=True, exist_ok=True)
-        for repeat in range(self.load.repeats):
-            for service in self.load.services:
-                self._one_service(service, repeat)
+        plans = [
+            job_plan(self.load, self.load.seed + r) for r in range(self.load.repeats)
+        ]
+        agent_rows = max(sum(j.lines for j in p if j.tool_latency_s) for p in plans)
+        latencies = [j.tool_latency_s for j in plans[0]]
+        with ToolServers(self.work, latencies, max(agent_rows, 1), self.load.seed) as t:
+            self.tools = t
+            for repeat in range(self.load.repeats):
+                for service in self.load.services:
+                    # Every service sees the same agent rows.
+                    t.next = 0
+                    self._one_service(service, repeat)
         self._write()
         return self.result
 
@@ -297,6 +329,7 @@ KEYS = (
     "jct_p50_s",
     "jct_p95_s",
     "window_s",
+    *TOOL_KEYS,
 )
 
 
@@ -388,7 +421,7 @@ def format_markdown(result: dict[str, Any]) -> str:
             + " | ".join(
                 _ms(r[k], 2 if k.endswith(("in_steps", "in_tpts")) else 1)
                 for k in KEYS
-                if k != "window_s"
+                if k != "window_s" and k not in TOOL_KEYS
             )
             + " |"
         )
@@ -400,6 +433,7 @@ def format_markdown(result: dict[str, Any]) -> str:
     ]
     if ratios:
         lines += ["", "; ".join(ratios)]
+    lines += format_tool_table(result.get("summary") or [], _ms)
     shared = [r for r in result.get("summary") or [] if r.get("tenants")]
     if shared:
         lines += [
@@ -461,11 +495,16 @@ def format_run(run: dict[str, Any]) -> str:
     def f(x):
         return "-" if x is None else f"{x:.1f}"
 
+    tools = (
+        f"; tools {f(m['tool_s'])} s, {m['tool_hidden_share']:.0%} hidden"
+        if m.get("tool_s")
+        else ""
+    )
     return (
         f"{run['label']}: {m['succeeded']}/{m['jobs']} jobs, {m['steps']} steps in "
         f"{f(m['window_s'])} s ({f(m['steps_per_hour'])} steps/h); TTFS p50 "
         f"{f(m['ttfs_p50_s'])} p95 {f(m['ttfs_p95_s'])} s; TPTS p50 "
-        f"{f(m['tpts_p50_s'])} s; step {f(m['step_s'])} s"
+        f"{f(m['tpts_p50_s'])} s; step {f(m['step_s'])} s{tools}"
     )
 
 

@@ -100,6 +100,7 @@ class JobPlan:
     batch_size: int
     compute_multiplier: float
     lines: int
+    tool_latency_s: float = 0.0
 
 
 def job_plan(load: ServiceLoadConfig, seed: int) -> list[JobPlan]:
@@ -117,7 +118,8 @@ def job_plan(load: ServiceLoadConfig, seed: int) -> list[JobPlan]:
     for t in load.tenants:
         size = t.batch_size or load.batch_size
         mult = t.compute_multiplier or load.compute_multiplier
-        jobs += [JobPlan(t.name, t.weight, size, mult, batches * size)] * t.jobs
+        one = JobPlan(t.name, t.weight, size, mult, batches * size, t.tool_latency_s)
+        jobs += [one] * t.jobs
     random.Random(seed).shuffle(jobs)
     return jobs
 

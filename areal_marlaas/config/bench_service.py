@@ -44,9 +44,23 @@ class TenantLoad:
         default=0.0,
         metadata={"help": "Its jobs' compute_multiplier (0: load.compute_multiplier)."},
     )
+    tool_latency_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "> 0: an agentic tenant: its jobs are Agent RFT jobs of the "
+            "secret-code lookup (bench/lookup_task.py) whose search tool, a "
+            "marlaas search-server the bench starts, answers after this median "
+            "latency (log-normal, sigma 0.5); 0: single-turn arithmetic jobs."
+        },
+    )
 
     def __post_init__(self):
         where = f"load.tenants[{self.name or '?'}]"
+        if not (self.tool_latency_s >= 0 and math.isfinite(self.tool_latency_s)):
+            raise ConfigError(
+                f"{where}.tool_latency_s must be >= 0 (0: no tools), got "
+                f"{self.tool_latency_s}."
+            )
         if not self.name:
             raise ConfigError("load.tenants: every tenant needs a name.")
         if not (self.weight > 0 and math.isfinite(self.weight)):

@@ -349,3 +349,61 @@ def test_shipped_weights_config_runs_two_weighted_tenants_under_fair():
     assert cfg.load.services == ["fair"]
     assert bench._weights() == {"w1": 1.0, "w2": 2.0}
     assert "scheduler.train_order=fair" in bench._service_overrides("fair")
+
+
+def test_shipped_agents_config_sends_agent_jobs_to_a_slow_search_tool(tmp_path):
+    """Agentic tenants' jobs carry the search tool of a real search server
+    started at their latency; their rows are lookup rows, no two jobs the same;
+    the service lets tools reach loopback."""
+    import json
+
+    import httpx
+
+    from areal_marlaas.bench.service_agents import ToolServers
+    from areal_marlaas.bench.service_bench import ServiceBench, load_service_bench
+    from areal_marlaas.service.cli import load_service_config
+    from tests.support.paths import REPO
+
+    cfg, base, overrides = load_service_bench(
+        ["--config", str(REPO / "configs" / "bench_service_agents.yaml")]
+    )
+    bench = ServiceBench(cfg, base, overrides)
+    plan = job_plan(cfg.load, cfg.load.seed)
+    agents = [j for j in plan if j.tool_latency_s]
+    assert sorted({j.tool_latency_s for j in agents}) == [1.0, 4.0]
+    fifo = bench._service_overrides("fifo")
+    assert load_service_config(base, fifo).service.egress.allow == ["127.0.0.0/8"]
+    lat = [j.tool_latency_s for j in plan]
+    with ToolServers(tmp_path, lat, 8, 0) as tools:
+        bench.tools = tools
+        job = agents[0]
+        method = bench._method(job)["reinforcement"]
+        (tool,) = method["tools"]
+        assert method["max_episode_steps"] == 3
+        assert tool["server_url"] == f"{tools.urls[job.tool_latency_s]}/tools/search"
+        first = [json.loads(x) for x in bench._lines(job, 0).splitlines()]
+        second = [json.loads(x) for x in bench._lines(job, 1).splitlines()]
+        assert len(first) == job.lines and first[0]["tools"][0]["function"]["name"]
+        assert not {r["answer"] + r["messages"][-1]["content"] for r in first} & {
+            r["answer"] + r["messages"][-1]["content"] for r in second
+        }
+        # The tool answers the row's question with its code (after its wait).
+        key = first[0]["messages"][-1]["content"].split()[-1].rstrip("?")
+        reply = httpx.post(
+            tool["server_url"],
+            json={
+                "type": "function_call",
+                "call_id": "c",
+                "name": "search",
+                "arguments": json.dumps({"query": key}),
+            },
+            timeout=60,
+        ).json()
+        assert first[0]["answer"] in reply["output"].splitlines()[0]
+    single = [j for j in plan if not j.tool_latency_s][0]
+    assert "tools" not in bench._method(single)["reinforcement"]
+
+
+def test_a_negative_tool_latency_is_refused():
+    with pytest.raises(ConfigError, match="tool_latency_s"):
+        ServiceLoadConfig(tenants=[{"name": "a", "tool_latency_s": -1.0}])
