@@ -408,3 +408,29 @@ def test_shipped_agents_config_sends_agent_jobs_to_a_slow_search_tool(tmp_path):
 def test_a_negative_tool_latency_is_refused():
     with pytest.raises(ConfigError, match="tool_latency_s"):
         ServiceLoadConfig(tenants=[{"name": "a", "tool_latency_s": -1.0}])
+
+
+def test_the_tool_table_shows_hidden_tool_time_per_service():
+    a0, a1 = run("async", 8.0, 0, 300.0, [10.0]), run("async", 8.0, 1, 300.0, [10.0])
+    f0 = run("fifo", 8.0, 0, 200.0, [10.0])
+    for r, (tool, hidden, busy) in zip(
+        (a0, a1, f0),
+        ((40.0, 0.5, 0.6), (60.0, 0.7, 0.8), (50.0, 0.0, 0.3)),
+        strict=True,
+    ):
+        r["metrics"].update(
+            tool_s=tool,
+            tool_hidden_share=hidden,
+            tool_behind_training_share=hidden / 2,
+            train_busy_share=busy,
+        )
+    result = {"runs": [a0, a1, f0]}
+    md = format_markdown({**result, "summary": summarize(result)})
+    assert (
+        "| async | 8 | 50.0 +- 14.1 | 0.60 +- 0.14 | 0.30 +- 0.07 | 0.70 +- 0.14 |"
+        in md
+    )
+    assert "| fifo | 8 | 50.0 | 0.00 | 0.00 | 0.30 |" in md
+    # Runs without agents print no tool table.
+    plain = {"runs": [run("async", 8.0, 0, 300.0, [10.0])]}
+    assert "hidden" not in format_markdown({**plain, "summary": summarize(plain)})
