@@ -17,8 +17,8 @@ This script writes the data (corpus, train, eval), starts the search server
 
 with ``LOOKUP_DATA`` and ``LOOKUP_URL`` set for that tasks file.
 
-    python scripts/bench_tool_learning.py --seeds 1,2,3 --steps 8
-        --out runs/learning_tools [--latency-median-s 0] [bench-learning args]
+    python scripts/bench_tool_learning.py --seeds 1,2,3 --steps 3 --eval-every 3
+        --eval-prompts 40 --out runs/learning_tools [--latency-median-s 0] [bench-learning args]
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--out", default="runs/learning_tools")
     p.add_argument("--seeds", default="1,2,3")
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--eval-every", type=int, default=2)
-    p.add_argument("--eval-prompts", type=int, default=48)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--eval-every", type=int, default=3)
+    p.add_argument("--eval-prompts", type=int, default=40)
     p.add_argument("--train-keys", type=int, default=400)
     p.add_argument("--eval-keys", type=int, default=64)
     p.add_argument("--data-seed", type=int, default=0)
