@@ -18,7 +18,8 @@ This script writes the data (corpus, train, eval), starts the search server
 with ``LOOKUP_DATA`` and ``LOOKUP_URL`` set for that tasks file.
 
     python scripts/bench_tool_learning.py --seeds 1,2,3 --steps 3 --eval-every 3
-        --eval-prompts 40 --out runs/learning_tools [--latency-median-s 0] [bench-learning args]
+        --eval-prompts 40 --out runs/learning_tools [--latency-median-s 0]
+        [other bench-learning arguments]
 """
 
 from __future__ import annotations
