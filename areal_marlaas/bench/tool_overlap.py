@@ -9,46 +9,19 @@ every ``train`` interval over the window."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
-Span = tuple[float, float]
+from areal_marlaas.bench.fairness import Interval, intersect
+from areal_marlaas.bench.fairness import union as merged
 
 
-def merged(spans: Iterable[Span]) -> list[Span]:
-    """The union of ``spans`` as sorted, disjoint spans."""
-    out: list[Span] = []
-    for s, e in sorted(spans):
-        if e <= s:
-            continue
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
-
-
-def length(spans: list[Span]) -> float:
+def length(spans: list[Interval]) -> float:
     return sum(e - s for s, e in spans)
 
 
-def intersect(a: list[Span], b: list[Span]) -> list[Span]:
-    """Spans in both (each argument merged)."""
-    out, i, j = [], 0, 0
-    while i < len(a) and j < len(b):
-        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if s < e:
-            out.append((s, e))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def subtract(a: list[Span], b: list[Span]) -> list[Span]:
+def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
     """Spans of ``a`` outside ``b`` (each argument merged)."""
-    out: list[Span] = []
+    out: list[Interval] = []
     for s, e in a:
         cur = s
         for bs, be in b:
@@ -63,14 +36,14 @@ def subtract(a: list[Span], b: list[Span]) -> list[Span]:
 
 
 def tool_overlap(
-    phases: list[dict[str, Any]], window: Span | None = None
+    phases: list[dict[str, Any]], window: Interval | None = None
 ) -> dict[str, Any]:
     """``tool_s`` (every task's tool time, summed), ``tool_hidden_s`` and
     ``tool_hidden_share`` (the part other tasks' work overlapped),
     ``tool_behind_training_share`` (the part the trainer trained others), and
     with ``window`` the trainer's busy share ``train_busy_share``. Empty
     without tool time or a window."""
-    by: dict[str, dict[str, list[Span]]] = {}
+    by: dict[str, dict[str, list[Interval]]] = {}
     for e in phases:
         spans = by.setdefault(e["task"], {}).setdefault(e["phase"], [])
         spans.append((float(e["start"]), float(e["end"])))
