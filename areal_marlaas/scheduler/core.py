@@ -18,6 +18,12 @@ differ only in *when* a task may start a rollout or a training step:
 * ``sequential`` / ``collocated`` (single-task baselines): one task at a time runs
   all its steps; they differ only in placement, which the runtime sets.
 
+A task submitted with ``rollout=False`` (supervised: its batches are its own
+rows) never rolls out: each time it is ready its batch joins the training queue
+at once, under the same train order and weights, past admission; a pause while
+it waits there stops it at once. In sync mode it is one of the round's tasks;
+in the single-task modes it trains in its turn.
+
 Tasks may also arrive, pause, resume and be cancelled while others run (the job
 service): ``Submitted`` at any time; ``Pause`` stops a task after its current
 step is committed and published; ``Resume`` lets it roll out again; ``Cancel``
@@ -374,6 +380,7 @@ class SchedulerCore:
             eval_kv_bytes=event.eval_kv_bytes,
             tenant=event.tenant,
             weight=event.weight,
+            rollout=event.rollout,
         )
         if self.kv_budget is not None and event.eval_kv_bytes > self.kv_budget:
             raise AdmissionError(
@@ -406,8 +413,18 @@ class SchedulerCore:
         elif task.stop is Stop.PAUSE:
             return self._pause_now(task)
         else:
-            self.table.move(task, Phase.PENDING)
+            return [*actions, *self._ready(task)]
         return [*actions, *self._admit()]
+
+    def _ready(self, task: TaskState) -> list[Action]:
+        """``task`` may take its next step: it waits to roll out, or, when it
+        needs no rollout, its batch joins the training queue at once."""
+        if task.rollout:
+            self.table.move(task, Phase.PENDING, held=None)
+            return self._admit()
+        self.table.move(task, Phase.QUEUED, held=None)
+        self.train_queue.add(task)
+        return [*self._next_train(), *self._admit()]
 
     # -- control (pause, resume, cancel) ----------------------------------------
     def _control(self, task: TaskState, event: Cancel | Pause | Resume) -> list[Action]:
@@ -421,6 +438,9 @@ class SchedulerCore:
         if isinstance(event, Pause):
             if task.phase is Phase.PENDING:
                 return self._pause_now(task)
+            if task.phase is Phase.QUEUED and not task.rollout:
+                self.train_queue.discard(task.name)  # nothing generated to lose
+                return self._pause_now(task)
             if task.phase is not Phase.PAUSED and task.stop is not Stop.CANCEL:
                 task.stop = Stop.PAUSE
             return []
@@ -428,10 +448,9 @@ class SchedulerCore:
         if task.stop is Stop.PAUSE:
             task.stop = Stop.NONE
         if task.phase is Phase.PAUSED:
-            self.table.move(task, Phase.PENDING, held=None)
             if self.rollout_share is not None:
                 self.rollout_share.join(task)
-            return self._admit()
+            return self._ready(task)
         return []
 
     def _pause_now(self, task: TaskState) -> list[Action]:
@@ -577,6 +596,10 @@ class SchedulerCore:
 
     # -- training ---------------------------------------------------------------
     def _may_train(self, task: TaskState) -> bool:
+        if self.mode in (Mode.SEQUENTIAL, Mode.COLLOCATED):
+            # One task at a time: a task that needs no rollout is queued
+            # before its turn comes.
+            return self.table.running[0] == task.key
         # Sync: training of round v waits for every rollout of round v.
         return self.mode is not Mode.SYNC or not self.table.unrolled[task.version]
 
@@ -636,6 +659,8 @@ class SchedulerCore:
         self._drop_batch(task)
         if task.stop is Stop.PAUSE:
             return self._pause_now(task)
+        if not task.rollout:
+            return self._ready(task)
         self.table.move(task, Phase.PENDING)
         return [*self._next_train(), *self._admit()]
 

@@ -38,6 +38,9 @@ class Submitted:
     # count toward ("": the task is its own tenant) and the tenant's weight.
     tenant: str = ""
     weight: float = 1.0
+    # False: a task whose batches need no rollout (supervised): ready, it goes
+    # straight to the training queue, past admission.
+    rollout: bool = True
 
 
 @dataclass(frozen=True)

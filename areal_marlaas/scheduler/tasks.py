@@ -60,6 +60,7 @@ class TaskState:
     evals: int = 0  # evals queued or running
     tenant: str = ""  # see Submitted.tenant ("" = its own name)
     weight: float = 1.0
+    rollout: bool = True  # see Submitted.rollout
 
     @property
     def active(self) -> bool:

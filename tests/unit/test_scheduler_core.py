@@ -16,8 +16,10 @@ from areal_marlaas.scheduler.core import (
     HoldReason,
     HoldRollout,
     KVUsage,
+    Pause,
     ProtocolError,
     PublishDone,
+    Resume,
     RolloutDone,
     SchedulerCore,
     StartEval,
@@ -27,6 +29,7 @@ from areal_marlaas.scheduler.core import (
     Submitted,
     TaskError,
     TaskFailed,
+    TaskPaused,
     TrainDone,
 )
 
@@ -47,12 +50,13 @@ def drive(
     errors=None,
     placed=None,
     eval_every=0,
+    train_only=(),
 ):
     """Complete in-flight actions in a random order; check invariants throughout.
 
     ``fail=(task, n)`` fails ``task`` for good once n actions ran; ``errors`` maps
     a task to how many of its phases raise (retriable) before succeeding;
-    ``placed`` maps a task to its trainer;
+    ``placed`` maps a task to its trainer; ``train_only`` tasks need no rollout;
     ``check(core, action, in_flight)`` runs at every started action."""
     rng = random.Random(seed)
     pending, log, max_rolling = [], [], 0
@@ -68,6 +72,7 @@ def drive(
                 trainer=trainer,
                 eval_every=eval_every,
                 eval_kv_bytes=kv_bytes,
+                rollout=task not in train_only,
             )
         )
     while True:
@@ -91,6 +96,7 @@ def drive(
             pending += core.handle(TaskError(action.task, "injected error"))
             continue
         if isinstance(action, StartRollout):
+            assert action.task not in train_only, action
             # On-policy: a task rolls out exactly the version it last published.
             assert action.version == core.tasks[action.task].version
             event = RolloutDone(action.task, action.version)
@@ -640,3 +646,75 @@ def test_evals_any_event_order_every_due_version_once_and_every_task_ends(
     assert evals == due
     assert core.finished() and core.kv_in_use() == 0
     assert {a.task for a in log if isinstance(a, FinishTask)} == set(steps)
+
+
+# -- tasks that need no rollout (supervised) --------------------------------------
+@pytest.mark.parametrize("mode", ["async", "sync", "sequential"])
+@settings(max_examples=60, deadline=None)
+@given(steps=TASK_STEPS, seed=SEEDS, n_train_only=st.integers(0, 4))
+def test_train_only_tasks_never_roll_out_and_every_task_finishes(
+    mode, steps, seed, n_train_only
+):
+    core = SchedulerCore(mode=mode, kv_budget=10, max_rolling=1)
+    train_only = set(sorted(steps)[:n_train_only])
+
+    def one_task(core, action, in_flight):  # the single-task modes' promise
+        busy = {a.task for a in in_flight if not isinstance(a, FinishTask)}
+        assert mode != "sequential" or busy <= {action.task}, (action, in_flight)
+
+    log, _ = drive(
+        core,
+        steps,
+        seed,
+        kv={t: 10 for t in steps},
+        train_only=train_only,
+        check=one_task,
+    )
+
+    assert core.finished()
+    for task, n in steps.items():
+        assert core.tasks[task].version == n and core.tasks[task].phase == "done"
+        trained = [
+            a.version for a in log if isinstance(a, StartTrain) and a.task == task
+        ]
+        assert trained == list(range(n))
+
+
+def test_a_train_only_task_trains_while_the_budget_holds_every_rollout():
+    core = SchedulerCore(kv_budget=10)
+    core.handle(Submitted("rl", 2, kv_bytes=10))  # takes the whole budget
+
+    actions = core.handle(Submitted("sft", 2, kv_bytes=0, rollout=False))
+
+    assert actions == [StartTrain("sft", 0)]
+    assert core.tasks["rl"].phase == "rollout"
+
+
+def test_a_train_only_task_shares_the_fifo_queue_with_rollout_batches():
+    core = SchedulerCore()
+    core.handle(Submitted("rl", 2))
+    core.handle(Submitted("sft", 2, rollout=False))  # trains v0 now
+    core.handle(RolloutDone("rl", 0))  # queued behind sft's step
+
+    actions = core.handle(TrainDone("sft", 1))
+
+    assert actions == [StartPublish("sft", 1), StartTrain("rl", 0)]
+    # Published, the train-only task queues again behind rl's step in training.
+    assert core.handle(PublishDone("sft", 1)) == []
+    assert core.handle(TrainDone("rl", 1)) == [
+        StartPublish("rl", 1),
+        StartTrain("sft", 1),
+    ]
+
+
+def test_pausing_a_queued_train_only_task_stops_it_at_once_and_resume_requeues():
+    core = SchedulerCore()
+    core.handle(Submitted("rl", 2))
+    core.handle(RolloutDone("rl", 0))  # training
+    core.handle(Submitted("sft", 2, rollout=False))  # queued behind it
+
+    paused = core.handle(Pause("sft"))
+
+    assert paused == [TaskPaused("sft", 0)]
+    assert core.handle(TrainDone("rl", 1)) == [StartPublish("rl", 1)]
+    assert core.handle(Resume("sft")) == [StartTrain("sft", 0)]
