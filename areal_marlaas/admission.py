@@ -19,6 +19,7 @@ from pathlib import Path
 from areal.utils import logging
 
 from areal_marlaas.config import ConfigError, MARLaaSConfig, TaskSpec
+from areal_marlaas.methods import Method
 from areal_marlaas.rollout.platform import resolve_platform, server_block_size
 from areal_marlaas.rollout.server_metrics import capacity_tokens, scrape
 
@@ -74,7 +75,10 @@ class KVModel:
         return blocks * self.block_size * self.bytes_per_token
 
     def task_bytes(self, task: TaskSpec) -> int:
-        """Worst-case KV bytes of the task's whole rollout batch in flight."""
+        """Worst-case KV bytes of the task's whole rollout batch in flight
+        (none for a method that does not roll out)."""
+        if not Method(task.method).rolls_out:
+            return 0
         return task_kv_bytes(
             self,
             task.max_prompt_tokens,

@@ -17,6 +17,8 @@ from areal.utils.dynamic_import import import_from_string
 from areal_marlaas import admission
 from areal_marlaas.admission import KVModel
 from areal_marlaas.config import ConfigError, MARLaaSConfig, TaskSpec
+from areal_marlaas.methods import Method
+from areal_marlaas.methods.examples import check_row
 from areal_marlaas.scheduler.core import (
     AdmissionError,
     Concurrency,
@@ -27,6 +29,7 @@ from areal_marlaas.scheduler.core import (
     Submitted,
 )
 from areal_marlaas.tasks import load_task_rows
+from areal_marlaas.tasks.records import read_records
 
 
 @dataclass
@@ -45,8 +48,22 @@ def _import(where: str, path: str):
         raise ConfigError(f"{where}: cannot import {path!r} ({e}).") from e
 
 
+def _check_examples(where: str, task: TaskSpec) -> TaskReport:
+    """A task that trains on its own examples: each row by its method's rules."""
+    method = Method(task.method)
+    try:
+        rows = read_records(task.dataset.path, task.dataset.split)
+        for n, row in enumerate(rows, 1):
+            check_row(method, row, f"{task.dataset.path}:{n}")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{where}: dataset: {e}") from e
+    return TaskReport(task.name, method.value, len(rows), "-", 0)
+
+
 def check_task(i: int, task: TaskSpec, kv: KVModel, capacity: int | None) -> TaskReport:
     where = f"tasks.{i} ({task.name!r})"
+    if not Method(task.method).rolls_out:
+        return _check_examples(where, task)
     rows = load_task_rows(task)
     reward = _import(f"{where} reward_fn", task.reward_fn_path)
     if task.grader is None and not callable(reward):
@@ -98,7 +115,14 @@ def admission_plan(cfg: MARLaaSConfig, reports: list[TaskReport]) -> AdmissionPl
     for i, (task, r) in enumerate(zip(cfg.tasks, reports, strict=True)):
         try:
             actions = core.handle(
-                Submitted(r.name, task.total_steps, 0, r.kv_bytes, task.priority)
+                Submitted(
+                    r.name,
+                    task.total_steps,
+                    0,
+                    r.kv_bytes,
+                    task.priority,
+                    rollout=Method(task.method).rolls_out,
+                )
             )
         except AdmissionError as e:
             raise ConfigError(f"tasks.{i} ({task.name!r}): {e}") from e

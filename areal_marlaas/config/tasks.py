@@ -1,7 +1,9 @@
-"""A tenant task's settings: data, reward, GRPO knobs, and the search environment."""
+"""A tenant task's settings: its method, data, reward, GRPO knobs, and the search
+environment."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +12,7 @@ from omegaconf import MISSING
 
 from areal_marlaas.config.agent import AgentConfig
 from areal_marlaas.errors import ConfigError
+from areal_marlaas.methods import METHODS, Method
 from areal_marlaas.tasks import KINDS
 from areal_marlaas.tasks.search import SCORER_REWARD_FNS
 
@@ -300,6 +303,35 @@ class TaskSpec:
         default=MISSING,
         metadata={"help": "Unique id: lowercase letters, digits, '_' (max 48)."},
     )
+    method: str = field(
+        default="grpo",
+        metadata={
+            "help": "What its steps optimize. grpo: rollouts on the shared server "
+            "scored by its reward; sft: the demonstrations in dataset.path (chat "
+            "rows ending with the assistant's turn, loss on assistant turns of "
+            "weight 1); dpo: the preference pairs in dataset.path (OpenAI's "
+            "input/preferred_output/non_preferred_output rows). sft and dpo do "
+            "not roll out; eval_dataset is then their validation set (a "
+            "batch_size draw scored after each step, all of it after the last); "
+            "an example over max_prompt_tokens + max_new_tokens tokens is refused.",
+            "choices": list(METHODS),
+        },
+    )
+    beta: float = field(
+        default=0.1,
+        metadata={
+            "help": "method dpo: the preference loss's beta (> 0; how far the "
+            "adapter may move from its reference, the adapter it started from)."
+        },
+    )
+    init_adapter: str = field(
+        default="",
+        metadata={
+            "help": "A PEFT adapter folder the task's adapter starts from (an "
+            "earlier fine-tune: continued training, a fresh optimizer); for dpo "
+            "also its reference. Empty = a fresh adapter (B = 0)."
+        },
+    )
     kind: str = field(
         default="",
         metadata={"help": f"Built-in task kind: one of {sorted(KINDS)}."},
@@ -423,6 +455,13 @@ class TaskSpec:
                 f"{where}: name must match {TASK_NAME.pattern} (lowercase letters, "
                 "digits, '_'; it becomes a folder and an adapter name)."
             )
+        if self.method not in METHODS:
+            raise ConfigError(
+                f"{where}: method must be one of {list(METHODS)}, got {self.method!r}."
+            )
+        if not Method(self.method).rolls_out:
+            self._check_examples(where)
+            return
         if not self.kind and not self.workflow and self.grader is None:
             raise ConfigError(
                 f"{where}: set kind (one of {sorted(KINDS)}), grader, or workflow "
@@ -516,6 +555,56 @@ class TaskSpec:
             problem = KINDS[self.kind].check(ds) if self.kind in KINDS else ""
             if problem:
                 raise ConfigError(f"{where}: {key}.{problem}")
+
+    def _check_examples(self, where: str) -> None:
+        """An SFT or DPO task: its examples and the fields its steps read; the
+        reinforcement-only ones must be left unset."""
+        rl_only = {
+            "kind": self.kind,
+            "workflow": self.workflow,
+            "reward_fn": self.reward_fn,
+            "grader": self.grader,
+            "agent.tools": self.agent.tools,
+            "eval_interval": self.eval_interval,
+        }
+        for key, value in rl_only.items():
+            if value:
+                raise ConfigError(
+                    f"{where}: {key} is for method grpo; an {self.method} task "
+                    "trains on dataset.path's examples (leave it unset)."
+                )
+        if not self.dataset.path:
+            raise ConfigError(
+                f"{where}: method {self.method} needs dataset.path (a JSONL of "
+                + (
+                    '{"messages": [..., {"role": "assistant", ...}]} rows).'
+                    if self.method == Method.SFT
+                    else '{"input": {"messages": [...]}, "preferred_output": '
+                    '[...], "non_preferred_output": [...]} rows).'
+                )
+            )
+        if not (self.beta > 0 and math.isfinite(self.beta)):
+            raise ConfigError(f"{where}: beta must be > 0, got {self.beta}.")
+        positive = {
+            "batch_size": self.batch_size,
+            "max_new_tokens": self.max_new_tokens,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "total_steps": self.total_steps,
+        }
+        for key, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{where}: {key} must be >= 1, got {value}.")
+        if not self.lr > 0:
+            raise ConfigError(f"{where}: lr must be > 0, got {self.lr}.")
+        if not self.weight > 0:
+            raise ConfigError(f"{where}: weight must be > 0, got {self.weight}.")
+        if self.dataset.size < 0:
+            raise ConfigError(f"{where}: dataset.size must be >= 0.")
+
+    @property
+    def max_example_tokens(self) -> int:
+        """The longest supervised example accepted."""
+        return self.max_prompt_tokens + self.max_new_tokens
 
     def _check_eval(self, where: str) -> None:
         if not isinstance(self.eval_interval, int) or self.eval_interval < 0:

@@ -27,14 +27,50 @@ class StepPlacement(TypedDict):
     borrowed_s: float
 
 
+class SupervisedScore(TypedDict):
+    """A supervised step's scores (OpenAI's fine-tuning metrics): on the
+    trained batch (before the step) and, when validation examples came with it,
+    on those (after the step)."""
+
+    train_mean_token_accuracy: float | None
+    trained_tokens: int
+    valid_loss: NotRequired[float | None]
+    valid_mean_token_accuracy: NotRequired[float | None]
+    valid_tokens: NotRequired[int]
+    # The last step's validation covers every validation example.
+    full_valid_loss: NotRequired[float | None]
+    full_valid_mean_token_accuracy: NotRequired[float | None]
+
+
+class PreferenceScore(TypedDict):
+    """A DPO step's scores: the share of pairs whose implicit reward ranks the
+    preferred output first, and the mean reward margin (beta x log-ratio
+    difference), on the trained pairs (before the step) and, when validation
+    pairs came with it, on those (after the step)."""
+
+    train_preference_accuracy: float | None
+    train_reward_margin: float | None
+    trained_pairs: int
+    valid_loss: NotRequired[float | None]
+    valid_preference_accuracy: NotRequired[float | None]
+    valid_reward_margin: NotRequired[float | None]
+    valid_pairs: NotRequired[int]
+    full_valid_loss: NotRequired[float | None]
+    full_valid_preference_accuracy: NotRequired[float | None]
+
+
 class StepResult(TypedDict):
     """What ``train_task`` returns for one committed step."""
 
     version: int  # the task's new version (the trainer owns it)
+    loss: float | None  # the step's objective on its batch
+    grad_norm: float | None
     stats: dict[str, float]  # AReaL's stats tracker export, keys marlaas/<task>/...
     audit: StepAudit
     process: StepProcess
     placement: NotRequired[StepPlacement]
+    supervised: NotRequired[SupervisedScore]  # supervised tasks
+    preference: NotRequired[PreferenceScore]  # DPO tasks
 
 
 class GraderStat(TypedDict):
@@ -55,7 +91,7 @@ class StepRecord(TypedDict):
 
     task: str
     version: int
-    reward_mean: float
+    reward_mean: float | None  # None: a method without rewards (supervised)
     staleness_max: int  # versions between the batch's tokens and the step's
     n_trajectories: int
     trained_tokens: int
@@ -79,6 +115,8 @@ class StepRecord(TypedDict):
     # Groups of the batch whose rollout was discarded or failed (not trained on).
     discarded_groups: NotRequired[int]
     tools: NotRequired[ToolUse]  # tool-agent tasks
+    supervised: NotRequired[SupervisedScore]  # supervised tasks
+    preference: NotRequired[PreferenceScore]  # DPO tasks
 
 
 class ToolUse(TypedDict):

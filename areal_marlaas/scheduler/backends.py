@@ -32,9 +32,11 @@ task placed on one; a pool of one engine holds every task):
   task whose set-up failed.
 * ``trainer_of(task)``: called when a task is submitted to the core; returns the
   trainer holding its weights and optimizer state, or None (any trainer).
-* ``train_task(task, batch)``: called on that trainer's thread (``StartTrain``);
-  runs one step and returns ``{"version": the committed version, "stats": ...}``
-  (optionally ``audit``, ``placement`` and ``process`` records for steps.jsonl).
+* ``train_task(task, batch, valid)``: called on that trainer's thread
+  (``StartTrain``); runs one step by the task's method and returns its
+  ``StepResult`` (the committed version, the loss, stats, audit, ...). A
+  supervised task's ``batch`` is its tokenized examples and ``valid``, when
+  given, examples it is scored on after the step.
 * ``release_batch(batch)``: called right after ``train_task``: free what the
   batch holds (a pool frees it inside ``train_task`` and makes this a no-op).
 * ``save_adapter(task, path)`` / ``save_task_state(task, path)``: called on the
@@ -88,7 +90,13 @@ class TrainBackend(Protocol):
 
     def trainer_of(self, task: str, /) -> int | None: ...
 
-    def train_task(self, task: str, batch: list[dict[str, Any]], /) -> StepResult: ...
+    def train_task(
+        self,
+        task: str,
+        batch: list[dict[str, Any]],
+        valid: list[dict[str, Any]] | None = None,
+        /,
+    ) -> StepResult: ...
 
     def release_batch(self, batch: list[dict[str, Any]], /) -> None: ...
 

@@ -27,7 +27,13 @@ from typing import Any
 from areal.utils import logging
 
 from areal_marlaas import trajectory
-from areal_marlaas.rundir.records import EvalRecord, EvalSample, StepRecord
+from areal_marlaas.methods import Method
+from areal_marlaas.rundir.records import (
+    EvalRecord,
+    EvalSample,
+    StepRecord,
+    StepResult,
+)
 from areal_marlaas.rundir.writer import RunStore
 from areal_marlaas.scheduler.backends import RolloutBackend, TaskStatus, TrainBackend
 from areal_marlaas.scheduler.core import (
@@ -92,6 +98,13 @@ class TaskRun:
     # and the tenant's weight.
     tenant: str = ""
     weight: float = 1.0
+    # What its steps optimize: GRPO rolls ``data``'s prompts out; SFT trains on
+    # ``data``'s tokenized examples (no rollout) and, with ``valid``, is scored
+    # on its next batch_size examples after each step and on all of
+    # ``valid_full`` after the last.
+    method: Method = Method.GRPO
+    valid: TaskData | None = None
+    valid_full: list[dict[str, Any]] | None = None
     # filled while running
     submitted_at: float = 0.0
     ready_at: float = 0.0  # when it last became ready to roll out
@@ -242,6 +255,7 @@ class Runtime:
             eval_kv_bytes=t.eval_kv_bytes if t.eval_rows else 0,
             tenant=t.tenant,
             weight=t.weight,
+            rollout=t.method.rolls_out,
         )
 
     def _shutdown(self) -> None:
@@ -394,6 +408,9 @@ class Runtime:
             self._admission(action.task, action.version, "hold", action.reason)
             self._status(action.task, TaskStatus.HELD, action.reason)
         elif isinstance(action, StartTrain):
+            if action.task not in self._started:  # a task that never rolls out
+                self._started.add(action.task)
+                self._status(action.task, TaskStatus.RUNNING)
             self._trainers[action.trainer].submit(
                 self._guard, action.task, self._train, action
             )
@@ -520,6 +537,8 @@ class Runtime:
                 self.train_busy_s += time.time() - start
 
     def _train_step(self, a: StartTrain, t: TaskRun, start: float) -> TrainDone:
+        if not t.method.rolls_out:
+            return self._train_examples(a, t, start)
         self.store.event(a.task, a.version, "queue", t.rollout_end, start)
         batch, t.batch = t.batch, None
         assert batch is not None  # the rollout left it
@@ -527,14 +546,7 @@ class Runtime:
         staleness = trajectory.staleness(batch, a.version)
         result = self.trainer.train_task(a.task, batch)
         self.trainer.release_batch(batch)
-        new = int(result["version"])
-        if new != a.version + 1:
-            raise VersionMismatchError(
-                f"task {a.task}: the trainer committed v{new} for a batch of "
-                f"v{a.version}"
-            )
-        stats = result["stats"]
-        self._save(a.task, new, str(self.store.adapter_dir(a.task, new)))
+        new = self._committed(a, result)
         end = time.time()
         record: StepRecord = {
             "task": a.task,
@@ -548,8 +560,8 @@ class Runtime:
             "trainer": a.trainer,
             "train_s": end - start,
             "t_commit": end,
-            "loss": stats.get(f"marlaas/{a.task}/ppo_actor/update/actor_loss/avg"),
-            "grad_norm": stats.get(f"marlaas/{a.task}/ppo_actor/update/grad_norm"),
+            "loss": result["loss"],
+            "grad_norm": result["grad_norm"],
             **result["audit"],
             **result["process"],
         }
@@ -567,17 +579,97 @@ class Runtime:
         tools = trajectory.tool_use(batch)
         if tools is not None:
             record["tools"] = tools
+        t.rewards.append(float(rewards.mean()))
+        return self._record(a, t, record, result["stats"], start)
+
+    def _committed(self, a: StartTrain, result: StepResult) -> int:
+        """The version the trainer committed, saved; it must be the next one."""
+        new = int(result["version"])
+        if new != a.version + 1:
+            raise VersionMismatchError(
+                f"task {a.task}: the trainer committed v{new} for a batch of "
+                f"v{a.version}"
+            )
+        self._save(a.task, new, str(self.store.adapter_dir(a.task, new)))
+        return new
+
+    def _record(
+        self,
+        a: StartTrain,
+        t: TaskRun,
+        record: StepRecord,
+        stats: dict[str, float],
+        start: float,
+    ) -> TrainDone:
+        new, end = record["version"], record["t_commit"]
         # The step line goes first: a crash between the two leaves a line newer
         # than state.json, which a resumed store drops (never a missing line).
         self.store.step(record)
-        self.store.commit(a.task, new, {"cursor": t.data.cursor, "steps": new})
+        state = {"cursor": t.data.cursor, "steps": new}
+        if t.valid is not None:
+            state["valid_cursor"] = t.valid.cursor
+        self.store.commit(a.task, new, state)
         self.store.event(a.task, a.version, "train", start, end)
         t.commits.append(end)
-        t.rewards.append(float(rewards.mean()))
         if self.options.on_step is not None:
             # Committed already: a listener's failure must not undo the step.
             self._quietly(self.options.on_step, record, stats)
         return TrainDone(a.task, new, train_s=record["train_s"])
+
+    def _train_examples(self, a: StartTrain, t: TaskRun, start: float) -> TrainDone:
+        """A step of a task that needs no rollout (SFT, DPO): its next examples,
+        scored on validation examples after the step (all of them after the
+        last)."""
+        self.store.event(a.task, a.version, "queue", t.ready_at, start)
+        batch = t.data.next_batch(t.batch_size)
+        last = a.version + 1 >= t.total_steps
+        valid = None
+        if last and t.valid_full:
+            valid = t.valid_full
+        elif t.valid is not None:
+            valid = t.valid.next_batch(min(t.batch_size, len(t.valid.rows)))
+        result = self.trainer.train_task(a.task, batch, valid)
+        new = self._committed(a, result)
+        end = time.time()
+        record: StepRecord = {
+            "task": a.task,
+            "version": new,
+            "reward_mean": None,
+            "staleness_max": 0,
+            "n_trajectories": len(batch),
+            "trained_tokens": sum(int(ex["loss_mask"].sum()) for ex in batch),
+            "rollout_s": 0.0,
+            "queue_wait_s": start - t.ready_at,
+            "trainer": a.trainer,
+            "train_s": end - start,
+            "t_commit": end,
+            "loss": result["loss"],
+            "grad_norm": result["grad_norm"],
+            **result["audit"],
+            **result["process"],
+        }
+        full = valid is not None and valid is t.valid_full
+        sup = result.get("supervised")
+        if sup is not None:
+            if full:
+                sup["full_valid_loss"] = sup.get("valid_loss")
+                sup["full_valid_mean_token_accuracy"] = sup.get(
+                    "valid_mean_token_accuracy"
+                )
+            record["supervised"] = sup
+        pref = result.get("preference")
+        if pref is not None:
+            if full:
+                pref["full_valid_loss"] = pref.get("valid_loss")
+                pref["full_valid_preference_accuracy"] = pref.get(
+                    "valid_preference_accuracy"
+                )
+            record["preference"] = pref
+        placement = result.get("placement")
+        if placement is not None:
+            record["cores_mean"] = placement["cores_mean"]
+            record["borrowed_s"] = placement["borrowed_s"]
+        return self._record(a, t, record, result["stats"], start)
 
     def _save(self, task: str, version: int, folder: str) -> None:
         """Write version ``version``'s adapter and optimizer state, retrying a

@@ -16,11 +16,16 @@ class MultiTaskActorController(PPOActorController):
             "add_task", name, rpc_meta={"broadcast": True}, **kwargs
         )
 
-    def train_task(self, name: str, batch: list[dict[str, Any]]) -> StepResult:
+    def train_task(
+        self,
+        name: str,
+        batch: list[dict[str, Any]],
+        valid: list[dict[str, Any]] | None = None,
+    ) -> StepResult:
         # Trajectories are split across data-parallel heads; tensors still on the
         # rollout workers (RTensors) are fetched by the training workers.
         out = self._custom_function_call(
-            "train_task", name, batch, rpc_meta={"broadcast": True}
+            "train_task", name, batch, rpc_meta={"broadcast": True}, valid=valid
         )
         # Tensor-like arguments make the dispatcher return one result per
         # trajectory group; every rank reports the same reduced stats.

@@ -169,10 +169,18 @@ class ElasticTrainBackend:
     def remove_task(self, task: str) -> None:
         self._engine.remove_task(task)
 
-    def train_task(self, task: str, batch: list[dict[str, Any]]) -> StepResult:
+    def train_task(
+        self,
+        task: str,
+        batch: list[dict[str, Any]],
+        valid: list[dict[str, Any]] | None = None,
+    ) -> StepResult:
         self.cores.step_begin()
         try:
-            result = self._engine.train_task(task, batch)
+            if valid is None:  # an engine's GRPO-only stand-in takes two
+                result = self._engine.train_task(task, batch)
+            else:
+                result = self._engine.train_task(task, batch, valid)
         finally:
             used = self.cores.step_end()
         return {**result, "placement": used}

@@ -2,9 +2,11 @@
 
 ``MultiLoRAFSDPPPOActor`` is AReaL's ``FSDPPPOActor`` with, in MRO order:
 the tasks' slots (``train/multilora.py``), the audited update
-(``train/audit.py``), the LM head on the loss's rows (``train/lm_head_rows.py``)
-and packed micro-batches that CPU attention reads correctly
-(``train/packing.py``). ``train_task`` runs one task's GRPO step through them.
+(``train/audit.py``), the supervised and DPO steps (``train/supervised.py``,
+``train/preference.py``), the LM head on the loss's rows
+(``train/lm_head_rows.py``) and packed micro-batches that CPU attention reads
+correctly (``train/packing.py``). ``train_task`` runs one task's GRPO, SFT or
+DPO step through them.
 ``CPUFixedFSDPPPOActor`` and ``OnPolicyFSDPPPOActor`` are AReaL's
 single-adapter actor with the packing fix, for plain AReaL trainers.
 """
@@ -12,6 +14,8 @@ single-adapter actor with the packing fix, for plain AReaL trainers.
 from __future__ import annotations
 
 import copy
+import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,7 +24,13 @@ from areal.api.io_struct import FinetuneSpec
 from areal.engine.fsdp_engine import FSDPPPOActor
 from areal.utils import stats_tracker
 
-from areal_marlaas.rundir.records import StepProcess, StepResult
+from areal_marlaas.methods import Method
+from areal_marlaas.rundir.records import (
+    PreferenceScore,
+    StepProcess,
+    StepResult,
+    SupervisedScore,
+)
 from areal_marlaas.train.audit import (
     AuditError,
     FusedAudit,
@@ -38,9 +48,12 @@ from areal_marlaas.train.multilora import (
     NonFiniteUpdateError,
     TaskSlot,
     _full,
+    _local,
     _task_rng,
 )
 from areal_marlaas.train.packing import PackedAttentionMaskFix, eager_on_cpu
+from areal_marlaas.train.preference import PreferenceStep
+from areal_marlaas.train.supervised import SupervisedStep
 from areal_marlaas.trajectory import generated_versions
 
 # The engine's names as callers import them from here.
@@ -95,9 +108,16 @@ class OnPolicyFSDPPPOActor(CPUFixedFSDPPPOActor):
 
 
 class MultiLoRAFSDPPPOActor(
-    MultiLoRASlots, FusedAudit, LMHeadRows, PackedAttentionMaskFix, FSDPPPOActor
+    MultiLoRASlots,
+    FusedAudit,
+    SupervisedStep,
+    PreferenceStep,
+    LMHeadRows,
+    PackedAttentionMaskFix,
+    FSDPPPOActor,
 ):
-    """Many tasks' GRPO steps on one FSDP-wrapped model with one LoRA slot."""
+    """Many tasks' GRPO and SFT steps on one FSDP-wrapped model with one LoRA
+    slot."""
 
     def __init__(self, config: PPOActorConfig):
         from areal_marlaas.train.screen import quiet_if_asked
@@ -130,16 +150,28 @@ class MultiLoRAFSDPPPOActor(
         if not self._lora or not all("lora_" in n for n in self._lora):
             raise RuntimeError("expected only LoRA parameters to be trainable")
 
-    def train_task(self, name: str, batch: list[dict[str, Any]]) -> StepResult:
-        """One GRPO step of ``name`` on its on-policy batch; commits the task's
-        next version and returns ``{"version", "stats", "audit"}``: the version
-        is this engine's (the one owner of a task's version).
+    def train_task(
+        self,
+        name: str,
+        batch: list[dict[str, Any]],
+        valid: list[dict[str, Any]] | None = None,
+    ) -> StepResult:
+        """One step of ``name`` by its method; commits the task's next version
+        and returns it with the step's loss, stats and audit: the version is
+        this engine's (the one owner of a task's version).
 
-        Refuses a batch any of whose generated tokens came from another version,
-        that the server reports it served with another adapter, or whose
-        logprobs the audit finds too far from this version's."""
+        GRPO, on its on-policy batch: refuses a batch any of whose generated
+        tokens came from another version, that the server reports it served
+        with another adapter, or whose logprobs the audit finds too far from
+        this version's. SFT on its demonstrations, DPO on its preference pairs:
+        ``valid`` examples are scored after the step (no audit: nothing was
+        generated)."""
         self.switch_task(name)
         slot = self.slots[name]
+        if slot.meta["method"] is Method.SFT:
+            return self._train_supervised(slot, batch, valid or [])
+        if slot.meta["method"] is Method.DPO:
+            return self._train_preference(slot, batch, valid or [])
         refuse_other_versions(name, slot.version, batch)
         served = refuse_other_adapters(name, slot.version, batch)
         data = [{k: v for k, v in t.items() if torch.is_tensor(v)} for t in batch]
@@ -162,19 +194,132 @@ class MultiLoRAFSDPPPOActor(
                 f"task {name!r} v{slot.version}: non-finite {bad}; its LoRA weights "
                 "and optimizer state were restored and the step was not applied"
             )
+        self._commit(slot)
+        return {
+            "version": slot.version,
+            "loss": stats.get(f"marlaas/{name}/ppo_actor/update/actor_loss/avg"),
+            "grad_norm": stats.get(f"marlaas/{name}/ppo_actor/update/grad_norm"),
+            "stats": stats,
+            "audit": audit,
+            "process": self._process(faults),
+        }
+
+    def _commit(self, slot: TaskSlot) -> None:
+        """The step went through: the task's schedule and version move on."""
         assert self.lr_scheduler is not None  # switch_task set the task's
         self.lr_scheduler.step()
         slot.version += 1
         self._version = slot.version
+
+    @staticmethod
+    def _process(faults: int) -> StepProcess:
         # Fresh pages this step touched (the process's: ~0 once its heap keeps
         # freed pages, keep_freed_pages).
-        process: StepProcess = {"page_faults": page_faults() - faults}
+        return {"page_faults": page_faults() - faults}
+
+    def _examples_step(
+        self, slot: TaskSlot, update: Callable[[], tuple[float | None, dict]]
+    ) -> tuple[dict[str, float], float | None]:
+        """Run ``update`` (one optimizer step of a method that trains on its own
+        examples; returns its loss and AReaL's step stats) in the task's RNG
+        streams; commit it, or restore the task and raise if anything of it was
+        not finite. Returns the stats tracker's export and the grad norm."""
+        name, before = slot.name, self._snapshot(slot)
+        with stats_tracker.scope(f"marlaas/{name}"), _task_rng(slot):
+            loss, step = update()
+            stats = stats_tracker.export(reset=True)
+        grad_norm = step.get("grad_norm")
+        bad = [
+            f"{k}={v}"
+            for k, v in (("loss", loss), ("grad_norm", grad_norm))
+            if v is not None and not math.isfinite(v)
+        ]
+        if not step.get("update_successful", 1.0) and not bad:
+            bad.append("update skipped")
+        if any(not torch.isfinite(_local(p)).all() for p in self._lora.values()):
+            bad.append("LoRA weights")
+        if bad:
+            self._restore(slot, before)
+            raise NonFiniteUpdateError(
+                f"task {name!r} v{slot.version}: non-finite {', '.join(bad)}; its "
+                "LoRA weights and optimizer state were restored and the step was "
+                "not applied"
+            )
+        self._commit(slot)
+        return stats, grad_norm
+
+    def _examples_result(
+        self, slot: TaskSlot, faults: int, loss, stats, grad_norm
+    ) -> StepResult:
         return {
             "version": slot.version,
+            "loss": loss,
+            "grad_norm": grad_norm,
             "stats": stats,
-            "audit": audit,
-            "process": process,
+            "audit": {
+                "logprob_gap_mean": None,
+                "logprob_gap_max": None,
+                "audited_tokens": 0,
+            },
+            "process": self._process(faults),
         }
+
+    def _train_supervised(
+        self, slot: TaskSlot, batch: list[dict[str, Any]], valid: list[dict[str, Any]]
+    ) -> StepResult:
+        faults = page_faults()
+        score, step = None, {}
+
+        def update():
+            nonlocal score, step
+            score, step = self.supervised_update(batch)
+            return score.loss, step
+
+        stats, grad_norm = self._examples_step(slot, update)
+        assert score is not None  # update ran
+        scores: SupervisedScore = {
+            "train_mean_token_accuracy": score.accuracy,
+            "trained_tokens": score.tokens,
+        }
+        if valid:
+            checked = self.supervised_score(valid)
+            scores["valid_loss"] = checked.loss
+            scores["valid_mean_token_accuracy"] = checked.accuracy
+            scores["valid_tokens"] = checked.tokens
+        out = self._examples_result(slot, faults, score.loss, stats, grad_norm)
+        out["supervised"] = scores
+        return out
+
+    def _train_preference(
+        self, slot: TaskSlot, batch: list[dict[str, Any]], valid: list[dict[str, Any]]
+    ) -> StepResult:
+        faults, beta, reference = page_faults(), slot.meta["beta"], slot.reference
+        assert reference is not None  # add_task sets it for DPO
+        score = None
+
+        def update():
+            nonlocal score
+            score, step = self.preference_update(batch, reference, beta)
+            return score.mean(score.loss), step
+
+        stats, grad_norm = self._examples_step(slot, update)
+        assert score is not None  # update ran
+        scores: PreferenceScore = {
+            "train_preference_accuracy": score.mean(score.correct),
+            "train_reward_margin": score.mean(score.margin),
+            "trained_pairs": score.pairs,
+        }
+        if valid:
+            checked = self.preference_score(valid, reference, beta)
+            scores["valid_loss"] = checked.mean(checked.loss)
+            scores["valid_preference_accuracy"] = checked.mean(checked.correct)
+            scores["valid_reward_margin"] = checked.mean(checked.margin)
+            scores["valid_pairs"] = checked.pairs
+        out = self._examples_result(
+            slot, faults, score.mean(score.loss), stats, grad_norm
+        )
+        out["preference"] = scores
+        return out
 
     def release_batch(self, batch: list[dict[str, Any]]) -> None:
         """Nothing to free in-process (the controller frees rollout-side RTensors)."""

@@ -1,8 +1,8 @@
 """The LM head computed only on the rows the GRPO loss reads.
 
-During ``train_batch`` the model's output embedding runs on the loss mask's
-rows of each packed micro-batch; the logprobs, entropies and logit stats are
-computed on those rows and put back at their positions. Forwards outside
+During ``train_batch`` (and ``eval_batch``) the model's output embedding runs
+on the loss mask's rows of each packed micro-batch; the logprobs, entropies and
+logit stats are computed on those rows and put back at their positions. Forwards outside
 ``train_batch`` (``compute_logp``, the audit) keep the full head.
 """
 
@@ -37,6 +37,8 @@ class LMHeadRows(EngineHost):
             self.parallel_helper.sp_size == 1
             and self.parallel_helper.tp_size == 1
             and not self.enable_tree_training
+            # A loss that shifts its mask itself (DPO) reads other rows.
+            and not getattr(self, "_full_head", False)
         )
 
     def _install_row_head(self) -> None:
@@ -59,6 +61,15 @@ class LMHeadRows(EngineHost):
         self._in_train_batch = self._row_select()
         try:
             return super().train_batch(input_, loss_fn, loss_weight_fn)
+        finally:
+            self._in_train_batch = False
+            self._lm_rows = None
+
+    def eval_batch(self, input_, loss_fn, loss_weight_fn):
+        # A loss over the mask's rows reads only those rows here too.
+        self._in_train_batch = self._row_select()
+        try:
+            return super().eval_batch(input_, loss_fn, loss_weight_fn)
         finally:
             self._in_train_batch = False
             self._lm_rows = None
@@ -92,6 +103,9 @@ class LMHeadRows(EngineHost):
         logprobs, entropy = gather_logprobs_entropy(
             logits, labels[rows], temperature=self.config.temperature
         )
+        hits = getattr(self, "_token_hits", None)
+        if hits is not None:  # a supervised step's token accuracy
+            hits.append((logits.detach().argmax(-1) == labels[rows]).sum())
         n = labels.numel()
         return self._spread(logprobs, n), self._spread(entropy, n)
 

@@ -36,6 +36,7 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
+from areal_marlaas.methods import Method
 from areal_marlaas.train.host import EngineHost
 
 if TYPE_CHECKING:
@@ -68,6 +69,9 @@ class TaskSlot:
     # for its steps, so its randomness (dropout) is independent of the other
     # tenants and of the process's history, and resumes exactly.
     rng: dict[str, Any] = field(default_factory=dict)
+    # DPO: the reference model's LoRA weights (the adapter the task started
+    # from; B = 0, the base model, for a fresh one).
+    reference: dict[str, torch.Tensor] | None = None
 
 
 def _seeded_rng(seed: int) -> dict[str, Any]:
@@ -148,21 +152,39 @@ class MultiLoRASlots(EngineHost):
         ppo: dict[str, Any] | None = None,
         audit_trajectories: int = 2,
         audit_max_mean_gap: float = 0.0,
+        train_method: str = "grpo",
+        beta: float = 0.1,
+        reference_adapter: str | Path | None = None,
+        restore_state: bool = True,
     ) -> None:
         """Create a task's LoRA weights (B=0, A seeded like PEFT's init, or loaded
         from a PEFT adapter folder), optimizer, LR schedule and PPO actor.
 
         Resuming: ``init_adapter`` is the committed folder of ``version``; its
         ``optimizer.pt`` (``save_task_state``), if present, restores AdamW's
-        moments, the LR schedule's position and the RNG state.
+        moments, the LR schedule's position and the RNG state (unless
+        ``restore_state`` is off: a new task continuing another's adapter).
 
         ``ppo``: this task's overrides of the actor's PPO settings (``TaskPPOConfig``).
         Audit: before each update, the trainer's logprobs of ``audit_trajectories``
         generated sequences (all of them when the old logprobs are recomputed
         anyway) are compared with the server's; a mean gap above
-        ``audit_max_mean_gap`` (0 = no limit) refuses the step."""
+        ``audit_max_mean_gap`` (0 = no limit) refuses the step.
+
+        ``train_method``: what its steps optimize (``methods.Method``): ``grpo``
+        trains ``train_task``'s rollouts, ``sft`` its demonstrations, ``dpo`` its
+        preference pairs with ``beta`` against the reference: the adapter in
+        ``reference_adapter`` (the one the task started from), else the base
+        model (a fresh adapter's B = 0)."""
         if name in self.slots:
             raise ValueError(f"task {name!r} already exists on the engine")
+        reference = None
+        if Method(train_method) is Method.DPO:
+            reference = (
+                self._read_adapter(Path(reference_adapter))
+                if reference_adapter is not None
+                else self._fresh_weights(seed)
+            )
         if init_adapter is not None:
             weights = self._read_adapter(Path(init_adapter))
         else:
@@ -178,7 +200,11 @@ class MultiLoRASlots(EngineHost):
         )
         scheduler = self._lr_schedule(optimizer, total_steps)
         rng = None
-        if init_adapter is not None and (Path(init_adapter) / TASK_STATE).is_file():
+        if (
+            restore_state
+            and init_adapter is not None
+            and (Path(init_adapter) / TASK_STATE).is_file()
+        ):
             rng = self._load_task_state(
                 Path(init_adapter) / TASK_STATE, optimizer, scheduler
             )
@@ -206,8 +232,11 @@ class MultiLoRASlots(EngineHost):
                 "temperature": temperature,
                 "audit_trajectories": audit_trajectories,
                 "audit_max_mean_gap": audit_max_mean_gap,
+                "method": Method(train_method),
+                "beta": beta,
             },
             rng=rng or _seeded_rng(seed),
+            reference=reference,
         )
 
     def remove_task(self, name: str) -> None:

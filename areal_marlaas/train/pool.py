@@ -78,9 +78,14 @@ class TrainerPool:
         finally:
             self.unplace(name)
 
-    def train_task(self, name: str, batch: list[dict[str, Any]]) -> StepResult:
+    def train_task(
+        self,
+        name: str,
+        batch: list[dict[str, Any]],
+        valid: list[dict[str, Any]] | None = None,
+    ) -> StepResult:
         engine = self.engine_of(name)
-        out = engine.train_task(name, batch)
+        out = engine.train_task(name, batch, valid)
         # Freed by the worker that fetched it (the runtime's own release call,
         # which names no task, is a no-op here).
         engine.release_batch(batch)

@@ -171,7 +171,7 @@ class Screen:
         gap = r.get("logprob_gap_mean")
         self.print(
             f"{r['task']:<12} {bar(r['version'], total)} {r['version']}/{total} "
-            f"reward {r['reward_mean']:.3f}  train {r['train_s']:.1f}s  "
+            f"{_score(r)}  train {r['train_s']:.1f}s  "
             f"queue {r['queue_wait_s']:.1f}s"
             + (f"  logprob gap {gap:.1e}" if gap is not None else "")
         )
@@ -188,6 +188,30 @@ class Screen:
             f"{r['task']:<12} eval v{r['version']}: reward {r['reward_mean']:.3f} "
             f"on {r['samples']} held-out rows{failed} ({r['end'] - r['start']:.1f}s)"
         )
+
+
+def _num(x: float | None, fmt: str = ".3f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _score(r: StepRecord) -> str:
+    """A step's score: its reward, a supervised step's loss (and token
+    accuracy; validation loss when it was scored), or a DPO step's loss and
+    preference accuracy."""
+    pref = r.get("preference")
+    if pref is not None:
+        out = f"loss {_num(r['loss'])} pref acc "
+        out += _num(pref.get("train_preference_accuracy"))
+        if "valid_preference_accuracy" in pref:
+            out += f" valid {_num(pref['valid_preference_accuracy'])}"
+        return out
+    sup = r.get("supervised")
+    if sup is None:
+        return f"reward {_num(r['reward_mean'])}"
+    out = f"loss {_num(r['loss'])} acc {_num(sup.get('train_mean_token_accuracy'))}"
+    if "valid_loss" in sup:
+        out += f" valid {_num(sup['valid_loss'])}"
+    return out
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -24,7 +24,9 @@ from areal.utils.network import find_free_ports
 from areal_marlaas import admission
 from areal_marlaas.admission import KVModel
 from areal_marlaas.cluster import close_scheduler, make_scheduler
-from areal_marlaas.config import MARLaaSConfig, TaskSpec
+from areal_marlaas.config import ConfigError, MARLaaSConfig, TaskSpec
+from areal_marlaas.methods import Method
+from areal_marlaas.methods.examples import load_examples
 from areal_marlaas.placement import parse_cpus, pin_current_process
 from areal_marlaas.procs import close_each
 from areal_marlaas.rollout.controller import MultiTaskRolloutController
@@ -89,36 +91,22 @@ def add_tenant(
     its last committed version: adapter, optimizer/LR/RNG state (its
     ``optimizer.pt``) and data cursor. The dataset is read first, so a task whose
     data is broken fails before it takes anything on the trainer."""
+    if not Method(spec.method).rolls_out:
+        return _add_examples_task(engine, spec, store, tokenizer, resume)
     rows = load_task_rows(spec)
     eval_rows = load_eval_rows(spec, tokenizer) if spec.eval_interval else None
-    state = store.committed(spec.name) if resume else None
-    version = state["version"] if state else 0
-    engine.add_task(
-        spec.name,
-        lr=spec.lr,
-        total_steps=spec.total_steps,
+    state = _start_state(
+        engine,
+        spec,
+        store,
+        resume,
         n_samples=spec.n_samples,
-        seed=spec.seed,
         temperature=spec.temperature,
         ppo=spec.ppo.overrides(),
         audit_trajectories=cfg.audit.trajectories,
         audit_max_mean_gap=cfg.audit.limit(cfg.vllm.dtype, cfg.actor.dtype),
-        **(
-            {
-                "init_adapter": str(store.adapter_dir(spec.name, version)),
-                "version": version,
-            }
-            if state
-            else {}
-        ),
     )
-    if state:
-        logger.info(
-            f"task {spec.name}: resuming at v{version} (cursor {state['cursor']})"
-        )
-    else:
-        engine.save_adapter(spec.name, str(store.adapter_dir(spec.name, 0)))
-        store.commit(spec.name, 0, {"cursor": 0, "steps": 0})
+    version = state["version"] if state else 0
     workflow, kwargs = task_workflow(spec, cfg.tokenizer_path, cfg.fault, grading)
     data = TaskData(
         rows,
@@ -143,6 +131,101 @@ def add_tenant(
         eval_rows=eval_rows,
         eval_every=spec.eval_interval,
         eval_kv_bytes=kv.eval_bytes(spec) if kv is not None and eval_rows else 0,
+    )
+
+
+def _start_state(
+    engine, spec: TaskSpec, store: RunStore, resume: bool, **kwargs: Any
+) -> dict | None:
+    """Give the task its state on the trainer: fresh or from ``init_adapter``
+    (v0 committed now) or, on resume, its last committed version's; returns
+    that commit's state."""
+    state = store.committed(spec.name) if resume else None
+    version = state["version"] if state else 0
+    start: dict[str, Any] = {}
+    if state:
+        start = {
+            "init_adapter": str(store.adapter_dir(spec.name, version)),
+            "version": version,
+        }
+    elif spec.init_adapter:  # continued fine-tuning: its weights, a new optimizer
+        start = {"init_adapter": spec.init_adapter, "restore_state": False}
+    engine.add_task(
+        spec.name,
+        lr=spec.lr,
+        total_steps=spec.total_steps,
+        seed=spec.seed,
+        **kwargs,
+        **start,
+    )
+    if state:
+        logger.info(
+            f"task {spec.name}: resuming at v{version} (cursor {state['cursor']})"
+        )
+    else:
+        engine.save_adapter(spec.name, str(store.adapter_dir(spec.name, 0)))
+        store.commit(spec.name, 0, {"cursor": 0, "steps": 0})
+    return state
+
+
+def _add_examples_task(
+    engine, spec: TaskSpec, store: RunStore, tokenizer, resume: bool
+) -> TaskRun:
+    """A task that trains on its own examples (SFT demonstrations, DPO pairs):
+    its rows (and validation rows) tokenized, its state on the trainer; no
+    workflow, no KV. A DPO task's reference is the adapter it started from
+    (``spec.init_adapter``), else the base model."""
+    method, limit = Method(spec.method), spec.max_example_tokens
+    try:
+        examples = load_examples(
+            method,
+            tokenizer,
+            spec.dataset.path,
+            spec.dataset.split,
+            spec.dataset.size,
+            limit,
+        )
+        valid = None
+        if spec.eval_dataset is not None:
+            ds = spec.eval_dataset
+            valid = load_examples(method, tokenizer, ds.path, ds.split, ds.size, limit)
+    except FileNotFoundError as e:
+        raise ConfigError(f"task {spec.name!r}: {e}") from e
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"task {spec.name!r}: cannot use its dataset: {e}") from e
+    extra: dict[str, Any] = {}
+    if method is Method.DPO:
+        extra["beta"] = spec.beta
+        if spec.init_adapter:
+            extra["reference_adapter"] = spec.init_adapter
+    state = _start_state(
+        engine,
+        spec,
+        store,
+        resume,
+        n_samples=1,
+        temperature=1.0,
+        train_method=method,
+        **extra,
+    )
+    state = state or {}
+    return TaskRun(
+        name=spec.name,
+        total_steps=spec.total_steps,
+        batch_size=spec.batch_size,
+        n_samples=1,
+        data=TaskData(examples, spec.seed, cursor=state.get("cursor", 0)),
+        workflow="",
+        workflow_kwargs={},
+        priority=spec.priority,
+        tenant=spec.tenant,
+        weight=spec.weight,
+        start_version=state.get("version", 0),
+        method=method,
+        valid=None
+        if valid is None
+        else TaskData(valid, spec.seed, cursor=state.get("valid_cursor", 0)),
+        valid_full=valid,
     )
 
 
@@ -320,9 +403,18 @@ class TrainingStack:
         """Per committed step: a line on the screen, and the step's metrics to
         the stats logger."""
         n = self.screen.step(r)
+        values: dict[str, Any] = {
+            k: r[k] for k in ("reward_mean", "loss", "queue_wait_s", "train_s")
+        }
+        values |= {
+            "version": r["version"],
+            **(r.get("supervised") or {}),
+            **(r.get("preference") or {}),
+        }
         scalars = {
-            f"marlaas/{r['task']}/{k}": float(r[k])
-            for k in ("reward_mean", "queue_wait_s", "train_s", "version")
+            f"marlaas/{r['task']}/{k}": float(v)
+            for k, v in values.items()
+            if v is not None
         }
         if self.stats_logger is not None:
             self.stats_logger.commit(0, n - 1, n - 1, {**stats, **scalars})

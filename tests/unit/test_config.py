@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,17 @@ BAD = {
         [task("t_a", eval_samples=0)],
         [],
         "task 't_a': eval_samples must be an integer >= 1",
+    ),
+    "unknown method": ([task("t_a", method="ppo")], [], "method must be one of"),
+    "sft with a kind": (
+        [task("s", method="sft", dataset={"path": "d.jsonl"})],
+        [],
+        "task 's': kind is for method grpo",
+    ),
+    "sft without demonstrations": (
+        [{"name": "s", "method": "sft"}],
+        [],
+        "task 's': method sft needs dataset.path",
     ),
     "negative eval interval": (
         [task("t_a", eval_interval=-1)],
@@ -329,3 +341,25 @@ def test_a_tenant_with_two_weights_is_refused_naming_the_field(tmp_path):
     bad.write_text("tasks:\n  - {name: a, kind: addition, weight: 0}\n")
     with pytest.raises(ConfigError, match="weight must be > 0"):
         load_config(["--config", "configs/quickstart.yaml", "--tasks", str(bad)])
+
+
+def test_a_supervised_task_with_a_bad_demonstration_names_its_line(
+    capsys, tmp_path, main_yaml
+):
+    data = tmp_path / "sft.jsonl"
+    good = {
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+        ]
+    }
+    data.write_text(
+        json.dumps(good) + "\n" + json.dumps({"messages": [good["messages"][0]]}) + "\n"
+    )
+    sft = {"name": "s", "method": "sft", "dataset": {"path": str(data)}}
+    tasks_yaml = write(tmp_path / "tasks.yaml", {"tasks": [task("t_a"), sft]})
+
+    rc, out = check(capsys, "--config", main_yaml, "--tasks", tasks_yaml)
+
+    assert rc == 2
+    assert f"{data}:2: the last message must be the assistant's turn" in out
