@@ -97,6 +97,13 @@ class ServiceConfig:
         default=1e-4,
         metadata={"help": "AdamW lr that learning_rate_multiplier scales."},
     )
+    supervised_learning_rate: float = field(
+        default=1e-3,
+        metadata={
+            "help": "A supervised job's AdamW lr that its learning_rate_multiplier "
+            "scales (a LoRA on demonstrations takes larger steps than GRPO's)."
+        },
+    )
     max_running_jobs: int = field(
         default=2,
         metadata={
@@ -204,6 +211,12 @@ class ServiceConfig:
             "are skipped (and counted in the job's events)."
         },
     )
+
+    @property
+    def supervised_max_tokens(self) -> int:
+        """The longest demonstration a supervised job trains on."""
+        return self.max_prompt_tokens + self.max_new_tokens
+
     temperature: float = field(
         default=1.0, metadata={"help": "Sampling temperature of jobs' rollouts."}
     )
@@ -290,11 +303,10 @@ class ServiceConfig:
             raise ConfigError(f"service.port must be in [0, 65535], got {self.port}.")
         if not self.base_model or "\n" in self.base_model:
             raise ConfigError("service.base_model must be a non-empty name.")
-        if not (self.base_learning_rate > 0 and math.isfinite(self.base_learning_rate)):
-            raise ConfigError(
-                "service.base_learning_rate must be > 0, got "
-                f"{self.base_learning_rate}."
-            )
+        for key in ("base_learning_rate", "supervised_learning_rate"):
+            value = getattr(self, key)
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"service.{key} must be > 0, got {value}.")
         if not self.temperature > 0 or self.temperature > 2:
             raise ConfigError(
                 f"service.temperature must be in (0, 2], got {self.temperature}."

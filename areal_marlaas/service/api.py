@@ -51,11 +51,13 @@ def create_app(
     grader_validator: Callable[[dict], None] | None = None,
     metrics: ServiceMetrics | None = None,
     grading: GradingContext | None = None,
+    tokenizer=None,
 ) -> FastAPI:
     """The API app. ``router`` enables the inference proxy (None: 503);
     ``grader_validator`` checks a job's grader (default: the graders module with
     ``grading`` and the ``service.grader_kinds`` marlaas kinds); pass the
-    ``metrics`` object the scheduler also reports to (default: a new one)."""
+    ``metrics`` object the scheduler also reports to (default: a new one);
+    ``tokenizer`` counts a supervised job's demonstration tokens at creation."""
     grading = grading or GradingContext()
 
     @asynccontextmanager
@@ -81,6 +83,7 @@ def create_app(
         or service_grader_validator(cfg.grader_kinds, grading),
         metrics=metrics or ServiceMetrics(store),
         grading=grading,
+        tokenizer=tokenizer,
     )
     app.state.started = time.time()
     install_error_handlers(app)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 
@@ -24,6 +25,8 @@ class AppState:
     grader_validator: Callable[[dict], None]
     metrics: ServiceMetrics
     grading: GradingContext
+    # The base model's tokenizer (demonstrations' lengths); None: not counted.
+    tokenizer: Any = None
 
 
 def state(request: Request) -> AppState:

@@ -1,5 +1,6 @@
 """What a job becomes: a task spec (one LoRA adapter, trained with GRPO on its
-grader), after its training file passed validation against its grader.
+grader, or with SFT or DPO on its examples), after its training file passed
+validation against its grader (or as examples of its method).
 
 A training line is ``{"messages": [... ending with a user turn], <fields>}``; the
 fields are the grader's ``item`` (``{{ item.answer }}``) and the reward function's
@@ -23,8 +24,11 @@ from areal_marlaas.config.agent import AgentConfig
 from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.graders import parse_grader
 from areal_marlaas.graders.templates import Ref, Template, TemplateError, resolve
+from areal_marlaas.methods import Method
+from areal_marlaas.methods.examples import check_row, example
 from areal_marlaas.service.grading import marlaas_kind
 from areal_marlaas.service.tables import Job
+from areal_marlaas.service.validation import JobType, job_type
 from areal_marlaas.tasks.messages import check_messages_row
 
 # Fields a built-in kind's reward reads from each line.
@@ -48,13 +52,21 @@ def task_spec(
     valid_path: Path | None = None,
     weight: float = 1.0,
     egress: EgressPolicy | None = None,
+    init_adapter: Path | None = None,
 ) -> TaskSpec:
     """The job as a task: its adapter is named after the job's task name, its
     tenant (fair share) the job's with the tenant's ``weight``; with a
     validation file, it evaluates ``eval_samples`` of its rows every
     ``eval_interval`` steps and after the last. An agent job's tools reach what
-    ``egress`` (its tenant's policy) allows."""
+    ``egress`` (its tenant's policy) allows. A job continuing a fine-tuned
+    model starts from ``init_adapter`` (for DPO also its reference)."""
     hp = job.hyperparameters
+    kind = job_type(job.method)
+    start = str(init_adapter) if init_adapter is not None else ""
+    if kind is not JobType.REINFORCEMENT:
+        spec = _examples_spec(job, kind, svc, train_path, valid_path, weight)
+        spec.init_adapter = start
+        return spec
     evals: dict = {}
     if valid_path is not None:
         evals = {
@@ -91,8 +103,70 @@ def task_spec(
         seed=int(job.seed or 0),
         tenant=job.tenant_id,
         weight=weight,
+        init_adapter=start,
         **evals,
     )
+
+
+def _examples_spec(
+    job: Job,
+    kind: JobType,
+    svc: ServiceConfig,
+    train_path: Path,
+    valid_path: Path | None,
+    weight: float,
+) -> TaskSpec:
+    """A supervised or DPO job as a task: its examples, and its validation file
+    scored after every step (a batch) and after the last (all of it)."""
+    hp = job.hyperparameters
+    valid = None
+    if valid_path is not None:
+        valid = TaskDatasetConfig(path=str(valid_path))
+    return TaskSpec(
+        name=job.task_name,
+        method=kind.train_method,
+        beta=float(hp.get("beta", 0.1)),
+        dataset=TaskDatasetConfig(path=str(train_path)),
+        batch_size=int(hp["batch_size"]),
+        max_prompt_tokens=svc.max_prompt_tokens,
+        max_new_tokens=svc.max_new_tokens,
+        total_steps=int(job.steps_total),
+        lr=float(hp["learning_rate"]),
+        seed=int(job.seed or 0),
+        tenant=job.tenant_id,
+        weight=weight,
+        eval_dataset=valid,
+    )
+
+
+def check_example_lines(
+    method: Method, path: Path, tokenizer, max_tokens: int, param: str
+) -> int:
+    """Every line is an example of ``method`` (SFT: OpenAI's chat format ending
+    with the assistant's turn; DPO: input, preferred_output and
+    non_preferred_output) of at most ``max_tokens`` tokens a sequence (not
+    counted without a ``tokenizer``); returns the number of lines. Raises
+    ``JobFileError`` naming the first bad line."""
+    n_rows = 0
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{param} line {n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise JobFileError(f"{where}: not valid JSON ({e.msg})", param) from e
+        try:
+            if tokenizer is not None:
+                example(method, tokenizer, row, max_tokens, where)
+            else:
+                check_row(method, row, where)
+        except ValueError as e:
+            raise JobFileError(str(e), param) from e
+        n_rows += 1
+    if not n_rows:
+        raise JobFileError(f"{param}: the file has no lines.", param)
+    return n_rows
 
 
 def prompt_limit(svc: ServiceConfig, job: Job) -> int:

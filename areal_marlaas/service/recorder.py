@@ -29,9 +29,12 @@ logger = logging.getLogger("MARLaaSServiceRunner")
 def step_usage(r: StepRecord) -> StepUsage:
     """A step record's trainer-seconds and tokens. Its batch's generated tokens
     are the ones it trained on (the loss covers completions only); rollouts of
-    batches that were dropped are not counted."""
+    batches that were dropped are not counted. A supervised or DPO step
+    generated none."""
     tokens = int(r.get("trained_tokens") or 0)
-    return StepUsage(float(r.get("train_s") or 0.0), tokens, tokens)
+    rolled_out = r.get("supervised") is None and r.get("preference") is None
+    generated = tokens if rolled_out else 0
+    return StepUsage(float(r.get("train_s") or 0.0), generated, tokens)
 
 
 # Steps whose intervals give a job's estimated finish.
@@ -60,6 +63,10 @@ class Admitted:
     commits: list[float] = field(default_factory=list)
     eta: float | None = None  # its estimated finish (epoch seconds), once known
     weight: float = 1.0  # its tenant's, as the scheduler has it
+    # The checkpoint metric its best checkpoints are kept by ("": its reward,
+    # on validation when it has an eval), and whether higher is better.
+    rank_by: str = ""
+    higher_is_better: bool = True
 
 
 class JobRecorder:
@@ -128,9 +135,15 @@ class JobRecorder:
         validation runs stay), rows first: a crash between the two leaves only
         files that nothing names."""
         job_id = held.job_id
-        by = "valid_reward_mean" if held.eval_id else "train_reward_mean"
+        by = held.rank_by or (
+            "valid_reward_mean" if held.eval_id else "train_reward_mean"
+        )
         for step, path in self.jobs.prune_checkpoints(
-            job_id, self.svc.keep_checkpoints, by, frozenset(held.pending)
+            job_id,
+            self.svc.keep_checkpoints,
+            by,
+            frozenset(held.pending),
+            higher_is_better=held.higher_is_better,
         ):
             shutil.rmtree(self.jobs.root / path, ignore_errors=True)
             logger.info(f"job {job_id}: deleted checkpoint step {step} ({path})")

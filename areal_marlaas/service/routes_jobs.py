@@ -9,8 +9,9 @@ import time
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
-from areal_marlaas.service.deps import state, tenant_of
+from areal_marlaas.service.deps import AppState, state, tenant_of
 from areal_marlaas.service.errors import bad_request
+from areal_marlaas.service.jobs import JobFileError, check_example_lines
 from areal_marlaas.service.objects import (
     checkpoint_object,
     event_object,
@@ -18,9 +19,10 @@ from areal_marlaas.service.objects import (
     list_object,
 )
 from areal_marlaas.service.routes_files import check_limit
-from areal_marlaas.service.store import JobStore, NewJob
-from areal_marlaas.service.tables import File, Job, Tenant
+from areal_marlaas.service.store import JobStore, NewJob, NotFound
+from areal_marlaas.service.tables import Checkpoint, File, Job, Tenant
 from areal_marlaas.service.validation import (
+    JobType,
     method_object,
     parse_job_request,
     parse_json_object,
@@ -70,22 +72,28 @@ def jobs_router() -> APIRouter:
                 )
                 if earlier is not None:
                     return _job_json(st.store, earlier)
+            start = _start_checkpoint(st, tenant.id, req.model)
             train = _fine_tune_file(
                 st.store, tenant.id, req.training_file, "training_file"
             )
+            files = [(train, "training_file")]
             if req.validation_file is not None:
-                _fine_tune_file(
+                valid = _fine_tune_file(
                     st.store, tenant.id, req.validation_file, "validation_file"
                 )
+                files.append((valid, "validation_file"))
+            if req.type is not JobType.REINFORCEMENT:
+                for f, param in files:  # examples: checked here, a 400
+                    _check_examples(st, req.type, f, param)
             resolved, steps = resolve_hyperparameters(
-                req.hyperparameters, st.cfg, train.lines
+                req.hyperparameters, st.cfg, train.lines, req.type
             )
             new = NewJob(
                 model=req.model,
                 training_file=req.training_file,
                 validation_file=req.validation_file,
                 method=method_object(
-                    req.grader, resolved, req.tools, req.max_episode_steps
+                    req.grader, resolved, req.tools, req.max_episode_steps, req.type
                 ),
                 hyperparameters=resolved,
                 metadata=req.metadata,
@@ -100,6 +108,8 @@ def jobs_router() -> APIRouter:
                 idempotency_key=key,
                 max_queued=st.cfg.max_queued_jobs,
             )
+            if start is not None:  # its own copy: retention never takes it
+                st.store.keep_start_adapter(job.id, start)
             return _job_json(st.store, job)
 
         return await run_in_threadpool(create)
@@ -182,6 +192,30 @@ def _fine_tune_file(store: JobStore, tenant_id: str, file_id: str, param: str) -
             param,
         )
     return f
+
+
+def _start_checkpoint(st: AppState, tenant_id: str, model: str) -> Checkpoint | None:
+    """The checkpoint a job continues (``model`` is the tenant's ``ft:`` model
+    or checkpoint), None for the base model; another tenant's is a 404."""
+    if model == st.cfg.base_model:
+        return None
+    ckpt = st.store.checkpoint_for_model(tenant_id, model)
+    if ckpt is None:
+        raise NotFound("model", model, param="model")
+    return ckpt
+
+
+def _check_examples(st: AppState, kind: JobType, f: File, param: str) -> None:
+    try:
+        check_example_lines(
+            kind.train_method,
+            st.store.file_path(f),
+            st.tokenizer,
+            st.cfg.supervised_max_tokens,
+            param,
+        )
+    except JobFileError as e:
+        raise bad_request(str(e), e.param) from None
 
 
 def _metadata_filter(request: Request) -> tuple[dict[str, str] | None, bool]:

@@ -29,6 +29,7 @@ from areal.utils.hf_utils import load_hf_tokenizer
 from areal_marlaas import admission
 from areal_marlaas.config.service import ServiceRunConfig
 from areal_marlaas.graders import public_grader
+from areal_marlaas.methods import Method
 from areal_marlaas.procs import close_each
 from areal_marlaas.rollout.controller import MultiTaskRolloutController
 from areal_marlaas.rollout.server_metrics import scrape
@@ -54,9 +55,20 @@ from areal_marlaas.service.tables import (
     VALIDATING,
     Job,
 )
+from areal_marlaas.service.validation import JobType, job_type
 from areal_marlaas.train.stack import TrainingStack, add_tenant
 
 logger = logging.getLogger("MARLaaSServiceRunner")
+
+
+def _checkpoint_ranking(spec) -> dict:
+    """How a job's best checkpoints are picked: a supervised or DPO job's by
+    its validation loss (its training loss without a validation file), lowest
+    first; a reinforcement job's by its reward (the recorder's default)."""
+    if Method(spec.method).rolls_out:
+        return {}
+    by = "valid_loss" if spec.eval_dataset is not None else "train_loss"
+    return {"rank_by": by, "higher_is_better": False}
 
 
 def stack_config(cfg: ServiceRunConfig) -> ServiceRunConfig:
@@ -126,6 +138,7 @@ class ServiceRunner:
                 service_grader_validator(self.svc.grader_kinds, cfg.grading),
                 self.metrics,
                 grading=cfg.grading,
+                tokenizer=self.tokenizer,
             )
             stack.screen.phase(f"serving the API on {self.api.base_url}")
             poller = threading.Thread(
@@ -237,6 +250,18 @@ class ServiceRunner:
             self.jobs.set_status(job.id, QUEUED)
 
     def _check_files(self, job: Job) -> None:
+        kind = job_type(job.method)
+        if kind is not JobType.REINFORCEMENT:
+            for which in ("training_file", "validation_file"):
+                if getattr(job, which) is not None:
+                    jobspec.check_example_lines(
+                        kind.train_method,
+                        self.jobs.file_of_job(job.id, which),
+                        self.tokenizer,
+                        self.svc.supervised_max_tokens,
+                        which,
+                    )
+            return
         rl = job.method["reinforcement"]
         grader = rl["grader"]
         tools = {t["name"] for t in rl["tools"]} if rl.get("tools") else None
@@ -292,6 +317,7 @@ class ServiceRunner:
             valid,
             weight=weight,
             egress=self._egress(job),
+            init_adapter=self.jobs.start_adapter(job.id),
         )
 
     def _egress(self, job: Job):
@@ -368,6 +394,7 @@ class ServiceRunner:
                 eval_every=spec.eval_interval,
                 start_version=task.start_version,
                 weight=spec.weight,
+                **_checkpoint_ranking(spec),
             )
         self.jobs.set_plan(job.id, steps_total=spec.total_steps)
         self.stack.screen.add(spec.name, task.start_version, spec.total_steps)

@@ -66,11 +66,12 @@ def run_api(
     metrics: ServiceMetrics | None = None,
     *,
     grading=None,
+    tokenizer=None,
     startup_timeout_s: float = 30.0,
 ) -> ApiServer:
     """Start serving on ``cfg.host:cfg.port`` and return once it accepts
     connections (raises if it cannot bind)."""
-    app = create_app(cfg, store, router, grader_validator, metrics, grading)
+    app = create_app(cfg, store, router, grader_validator, metrics, grading, tokenizer)
     config = uvicorn.Config(
         app,
         host=cfg.host,

@@ -1,5 +1,8 @@
 """A committed step's figures in the shape OpenAI's fine-tuning API documents
-for a reinforcement job's ``metrics`` events and checkpoints.
+for a job's ``metrics`` events and checkpoints. A supervised step's are OpenAI's
+flat loss and token-accuracy fields (``SUPERVISED_SCORES``), a DPO step's its
+loss, preference accuracy and reward margin (``DPO_SCORES``); a reinforcement
+step's are below.
 
 ``data`` holds ``step``, ``total_steps``, ``scores`` (``train_reward_mean``,
 ``valid_reward_mean`` on eval steps, ``graders``: one entry per grader, each
@@ -32,6 +35,30 @@ OWN = (
 )
 
 
+# A supervised step's scores, as OpenAI names them (the SDK's checkpoint
+# metrics); the full_* pair on the step that scored the whole validation file.
+SUPERVISED_SCORES = (
+    "train_loss",
+    "train_mean_token_accuracy",
+    "valid_loss",
+    "valid_mean_token_accuracy",
+    "full_valid_loss",
+    "full_valid_mean_token_accuracy",
+)
+# A DPO step's: its preference loss under OpenAI's loss names, and the share of
+# pairs ranked right and the mean reward margin (beta x log-ratio difference).
+DPO_SCORES = (
+    "train_loss",
+    "train_preference_accuracy",
+    "train_reward_margin",
+    "valid_loss",
+    "valid_preference_accuracy",
+    "valid_reward_margin",
+    "full_valid_loss",
+    "full_valid_preference_accuracy",
+)
+
+
 def step_data(
     r: StepRecord,
     total_steps: int,
@@ -40,6 +67,8 @@ def step_data(
 ) -> dict[str, Any]:
     """The ``data`` of step ``r``'s metrics event. ``valid``: the eval of this
     step, ``{"reward_mean": x, "graders": [GraderStat, ...]}``, when it ran."""
+    if r.get("supervised") is not None or r.get("preference") is not None:
+        return _examples_data(r, total_steps)
     graders = r.get("graders") or []
     by_name: dict[str, dict[str, Any]] = {}
     for g in graders:
@@ -100,6 +129,32 @@ def step_data(
     }
 
 
+def _examples_data(r: StepRecord, total_steps: int) -> dict[str, Any]:
+    """A supervised or DPO step's event ``data``: OpenAI's flat fields
+    (``train_loss``, ``train_mean_token_accuracy``, ``valid_*`` when the
+    validation file was scored, ``full_valid_*`` on the step that scored all of
+    it; a DPO step's preference accuracy and reward margin beside its loss)."""
+    scores: dict[str, Any] = dict(r.get("supervised") or r.get("preference") or {})
+    scores["train_loss"] = r.get("loss")
+    keys = SUPERVISED_SCORES if r.get("supervised") is not None else DPO_SCORES
+    train_s, wait_s = r.get("train_s") or 0.0, r.get("queue_wait_s") or 0.0
+    return {
+        "step": r["version"],
+        "total_steps": total_steps,
+        **{k: scores[k] for k in keys if k in scores},
+        "usage": {
+            "train_examples": int(r.get("n_trajectories") or 0),
+            "trained_tokens": int(r.get("trained_tokens") or 0),
+        },
+        "timing": {"step": {"training": train_s, "full_iteration": wait_s + train_s}},
+        "marlaas": {
+            "committed_at": r.get("t_commit"),
+            "train_s": train_s,
+            **{k: r.get(k) for k in OWN},
+        },
+    }
+
+
 def _usage(train: list[GraderStat], valid: list[GraderStat]) -> list[dict[str, Any]]:
     """Model graders' tokens per sample (graders that use none are left out)."""
     out: dict[str, dict[str, Any]] = {}
@@ -140,8 +195,21 @@ def estimated_finish(commit_times: list[float], steps_left: int) -> float | None
 
 
 def message(data: dict[str, Any]) -> str:
-    """``Step N/M, train mean reward=…, full validation mean reward=…``."""
+    """``Step N/M, train mean reward=…, full validation mean reward=…`` (a
+    supervised step: ``Step N/M: training loss=…, validation loss=…``)."""
     text = f"Step {data['step']}/{data['total_steps']}"
+    if "train_loss" in data:
+        parts = [
+            f"{label}={_fmt(data[key])}"
+            for key, label in (
+                ("train_loss", "training loss"),
+                ("train_preference_accuracy", "preference accuracy"),
+                ("valid_loss", "validation loss"),
+                ("full_valid_loss", "full validation loss"),
+            )
+            if data.get(key) is not None
+        ]
+        return f"{text}: {', '.join(parts)}" if parts else text
     scores = data.get("scores") or {}
     for key, label in (
         ("train_reward_mean", "train mean reward"),
@@ -156,6 +224,10 @@ def message(data: dict[str, Any]) -> str:
 def checkpoint_metrics(data: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint carries: its step and that step's scores, flat (the
     SDK types a checkpoint's metrics as flat numbers; extra keys pass through)."""
+    if "train_loss" in data:  # a supervised or DPO step's: flat fields
+        out = {"step": data["step"]}
+        keys = dict.fromkeys((*SUPERVISED_SCORES, *DPO_SCORES))
+        return out | {k: data[k] for k in keys if data.get(k) is not None}
     scores = data.get("scores") or {}
     out: dict[str, Any] = {"step": data["step"]}
     for key in ("train_reward_mean", "valid_reward_mean"):

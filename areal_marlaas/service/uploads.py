@@ -1,6 +1,9 @@
 """Checks on an uploaded training file before it is stored: UTF-8 JSONL, one JSON
-object per line with a ``messages`` list that ends with a user turn (the prompt the
-model completes during RL). Extra fields are kept: graders read them as ``item.*``.
+object per line with a ``messages`` list that ends with a user turn (a prompt the
+model completes, for reinforcement) or an assistant turn (a demonstration, for
+supervised jobs), or a preference pair (``input.messages``, ``preferred_output``,
+``non_preferred_output``: DPO jobs). Extra fields are kept: graders read them as
+``item.*``. Which shape a job needs is checked when the job is created.
 """
 
 from __future__ import annotations
@@ -56,11 +59,40 @@ def validate_training_jsonl(body: bytes) -> int:
 def _check_row(row: object, n: int) -> None:
     if not isinstance(row, dict):
         raise UploadError(f"Line {n} must be a JSON object, got {_kind(row)}.")
+    if "messages" not in row and "input" in row:
+        _check_preference(row, n)
+        return
     messages = row.get("messages")
     if not isinstance(messages, list) or not messages:
         raise UploadError(f"Line {n} needs 'messages', a non-empty list of turns.")
+    _check_turns(messages, n, "messages")
+    if messages[-1].get("role") not in ("user", "assistant"):
+        raise UploadError(
+            f"Line {n}: the last message must be a user turn (the prompt the model "
+            "answers, for reinforcement) or an assistant turn (the demonstration, "
+            f"for supervised), got {messages[-1].get('role')!r}."
+        )
+
+
+def _check_preference(row: dict, n: int) -> None:
+    """A DPO line: ``input.messages`` and the two outputs (their rules per
+    method are checked when a job uses the file)."""
+    prompt = row.get("input")
+    if not isinstance(prompt, dict) or not isinstance(prompt.get("messages"), list):
+        raise UploadError(f"Line {n} needs 'input': an object with 'messages'.")
+    _check_turns(prompt["messages"], n, "input.messages")
+    for key in ("preferred_output", "non_preferred_output"):
+        out = row.get(key)
+        if out is None:
+            continue  # a DPO job names what its lines lack
+        if not isinstance(out, list):
+            raise UploadError(f"Line {n}: '{key}' must be a list of messages.")
+        _check_turns(out, n, key)
+
+
+def _check_turns(messages: list, n: int, field: str) -> None:
     for i, msg in enumerate(messages):
-        where = f"Line {n}, messages[{i}]"
+        where = f"Line {n}, {field}[{i}]"
         if not isinstance(msg, dict):
             raise UploadError(f"{where} must be an object with role and content.")
         role = msg.get("role")
@@ -77,11 +109,6 @@ def _check_row(row: object, n: int) -> None:
                 f"{where} needs 'content': a string or a list of text parts "
                 "(null only in an assistant turn with tool_calls)."
             )
-    if messages[-1].get("role") != "user":
-        raise UploadError(
-            f"Line {n}: the last message must be a user turn (the prompt the model "
-            f"answers), got {messages[-1].get('role')!r}."
-        )
 
 
 def _is_content(content: object) -> bool:

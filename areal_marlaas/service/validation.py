@@ -12,12 +12,14 @@ import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from areal_marlaas.agents.egress import EgressError, EgressPolicy
 from areal_marlaas.agents.protocol import ToolEndpoint, ToolSpecError, parse_job_tools
 from areal_marlaas.config.service import ServiceConfig
 from areal_marlaas.graders.endpoint import ENDPOINT, public_grader
+from areal_marlaas.methods import Method
 from areal_marlaas.service.errors import bad_request
 
 CREATE_FIELDS = {
@@ -42,12 +44,48 @@ HYPERPARAMETERS = (
 )
 HP = "method.reinforcement.hyperparameters"
 RL = "method.reinforcement"
+# A supervised job's hyperparameters (OpenAI's SupervisedHyperparameters); a
+# DPO job's add beta (DpoHyperparameters).
+SUPERVISED_HYPERPARAMETERS = ("batch_size", "learning_rate_multiplier", "n_epochs")
+DPO_HYPERPARAMETERS = ("batch_size", "beta", "learning_rate_multiplier", "n_epochs")
+DEFAULT_BETA = 0.1
+MAX_BETA = 100.0
+# The keys of method.reinforcement a supervised or DPO job must not carry.
+RL_ONLY = ("grader", "tools", "max_episode_steps")
+
+
+class JobType(StrEnum):
+    """``method.type``: what a job's steps optimize (its ``Method``)."""
+
+    REINFORCEMENT = "reinforcement"
+    SUPERVISED = "supervised"
+    DPO = "dpo"
+
+    @property
+    def train_method(self) -> Method:
+        return {
+            JobType.REINFORCEMENT: Method.GRPO,
+            JobType.SUPERVISED: Method.SFT,
+            JobType.DPO: Method.DPO,
+        }[self]
+
+    @property
+    def hyperparameters(self) -> tuple[str, ...]:
+        return {
+            JobType.REINFORCEMENT: HYPERPARAMETERS,
+            JobType.SUPERVISED: SUPERVISED_HYPERPARAMETERS,
+            JobType.DPO: DPO_HYPERPARAMETERS,
+        }[self]
+
+
+JOB_TYPES = tuple(t.value for t in JobType)
 MAX_BATCH_SIZE = 1024
 MAX_EPOCHS = 100
 MAX_EVAL_SAMPLES = 10000
 MAX_LR_MULTIPLIER = 100.0
 SUFFIX = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
+FT_PREFIX = "ft:"
 
 
 @dataclass
@@ -57,7 +95,8 @@ class JobRequest:
     model: str
     training_file: str
     validation_file: str | None
-    grader: dict[str, Any]
+    type: JobType
+    grader: dict[str, Any] | None  # reinforcement jobs
     hyperparameters: dict[str, Any]
     metadata: dict[str, str] | None
     # Agent RFT: the tool endpoints (headers included: stored, never shown)
@@ -99,10 +138,14 @@ def parse_job_request(
             code="unknown_parameter",
         )
     model = body.get("model")
-    if model != cfg.base_model:
+    # A tenant's own fine-tuned model (or checkpoint) continues; the API looks
+    # it up among the tenant's (another's is a 404).
+    if model != cfg.base_model and not (
+        isinstance(model, str) and model.startswith(FT_PREFIX)
+    ):
         raise bad_request(
             f"Model {model!r} cannot be fine-tuned here; this service fine-tunes "
-            f"'{cfg.base_model}' only.",
+            f"'{cfg.base_model}' and the fine-tuned models made from it.",
             param="model",
             code="model_not_available",
         )
@@ -122,15 +165,17 @@ def parse_job_request(
         )
     if body.get("integrations") not in (None, []):
         raise bad_request("Integrations are not supported.", param="integrations")
-    grader, hyperparameters, tools, steps = _method(
+    kind, grader, hyperparameters, tools, steps = _method(
         body.get("method"), grader_validator, cfg
     )
-    _check_egress(grader, tools, egress or EgressPolicy())
-    assert isinstance(model, str)  # equals cfg.base_model
+    if grader is not None:
+        _check_egress(grader, tools, egress or EgressPolicy())
+    assert isinstance(model, str)  # the base model or an ft: name
     return JobRequest(
         model=model,
         training_file=training_file,
         validation_file=validation_file,
+        type=kind,
         grader=grader,
         hyperparameters=hyperparameters,
         metadata=_metadata(body.get("metadata")),
@@ -196,6 +241,8 @@ def _tools(rl: dict, cfg: ServiceConfig) -> tuple[list[dict], int | None]:
 def public_method(method: dict[str, Any]) -> dict[str, Any]:
     """A job's ``method`` as the API shows it: tool and endpoint-grader header
     values redacted (the tenant's secrets are stored, never returned)."""
+    if method.get("type") != JobType.REINFORCEMENT:
+        return dict(method)
     rl = dict(method.get("reinforcement") or {})
     if "grader" in rl:
         rl["grader"] = public_grader(rl["grader"])
@@ -204,27 +251,87 @@ def public_method(method: dict[str, Any]) -> dict[str, Any]:
     return {**method, "reinforcement": rl}
 
 
+def job_type(method: dict[str, Any]) -> JobType:
+    """A stored job's type (its ``method`` passed validation)."""
+    return JobType(method["type"])
+
+
 def _method(method: Any, grader_validator: Callable[[dict], None], cfg: ServiceConfig):
     if method is None:
         raise bad_request(
             "method is required: {type: 'reinforcement', reinforcement: {grader, "
-            "hyperparameters}} (only reinforcement fine-tuning is supported).",
+            "hyperparameters}}, {type: 'supervised', supervised: "
+            "{hyperparameters}} or {type: 'dpo', dpo: {hyperparameters}}.",
             param="method",
         )
     if not isinstance(method, dict):
         raise bad_request("method must be an object.", param="method")
-    if method.get("type") != "reinforcement":
+    kind = method.get("type")
+    if kind not in JOB_TYPES:
         raise bad_request(
-            f"method.type {method.get('type')!r} is not supported; this service runs "
-            "'reinforcement' fine-tuning only.",
+            f"method.type {kind!r} is not supported; this service runs "
+            f"{' and '.join(repr(t) for t in JOB_TYPES)} fine-tuning.",
             param="method.type",
         )
-    extra = sorted(set(method) - {"type", "reinforcement"})
+    kind = JobType(kind)
+    extra = sorted(set(method) - {"type", kind.value})
     if extra:
+        why = (
+            f"it is for {extra[0]} jobs and this is a {kind.value} job"
+            if extra[0] in JOB_TYPES
+            else "unrecognized"
+        )
         raise bad_request(
-            f"Unrecognized argument(s) in method: {', '.join(extra)}.",
+            f"method.{extra[0]}: {why}.",
             param=f"method.{extra[0]}",
         )
+    if kind is not JobType.REINFORCEMENT:
+        return kind, None, _examples_method(kind, method.get(kind.value)), [], None
+    return kind, *_reinforcement(method, grader_validator, cfg)
+
+
+def _examples_method(kind: JobType, body: Any) -> dict[str, Any]:
+    """A supervised or DPO job's hyperparameters (unresolved); a key of another
+    method names itself."""
+    where = f"method.{kind.value}"
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise bad_request(f"{where} must be an object.", param=where)
+    for key in sorted(body):
+        if key == "hyperparameters":
+            continue
+        why = (
+            "is for reinforcement jobs (method.reinforcement.*)"
+            if key in RL_ONLY
+            else f"is not a {kind.value} job's argument"
+        )
+        raise bad_request(f"{where}.{key} {why}.", param=f"{where}.{key}")
+    hp = body.get("hyperparameters") or {}
+    if not isinstance(hp, dict):
+        raise bad_request(f"{where}.hyperparameters must be an object.", param=where)
+    for key in sorted(hp):
+        if key in kind.hyperparameters:
+            continue
+        owners = [
+            t.value for t in JobType if t is not kind and key in t.hyperparameters
+        ]
+        why = (
+            f"is for {' and '.join(owners)} jobs"
+            if owners
+            else f"is not a {kind.value} hyperparameter"
+        )
+        raise bad_request(
+            f"{where}.hyperparameters.{key} {why} ({kind.value} ones: "
+            f"{', '.join(kind.hyperparameters)}).",
+            param=f"{where}.hyperparameters.{key}",
+        )
+    return dict(hp)
+
+
+def _reinforcement(
+    method: dict, grader_validator: Callable[[dict], None], cfg: ServiceConfig
+):
     rl = method.get("reinforcement")
     if not isinstance(rl, dict):
         raise bad_request(
@@ -322,35 +429,42 @@ def _is_number(v: Any) -> bool:
     return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
 
 
-def _int_hp(hp: dict, key: str, default: int, hi: int, why: str = "") -> int:
+def _int_hp(
+    hp: dict, key: str, default: int, hi: int, why: str = "", where: str = HP
+) -> int:
     v = hp.get(key, "auto")
     if v == "auto" or v is None:
         return default
     if not _is_int(v) or not 1 <= v <= hi:
         raise bad_request(
             f"{key} must be 'auto' or an integer from 1 to {hi}{why}, got {v!r}.",
-            param=f"{HP}.{key}",
+            param=f"{where}.{key}",
         )
     return v
 
 
-def _float_hp(hp: dict, key: str, default: float, hi: float) -> float:
+def _float_hp(hp: dict, key: str, default: float, hi: float, where: str = HP) -> float:
     v = hp.get(key, "auto")
     if v == "auto" or v is None:
         return default
     if not _is_number(v) or not 0 < v <= hi:
         raise bad_request(
             f"{key} must be 'auto' or a number in (0, {hi:g}], got {v!r}.",
-            param=f"{HP}.{key}",
+            param=f"{where}.{key}",
         )
     return float(v)
 
 
 def resolve_hyperparameters(
-    hp: dict[str, Any], cfg: ServiceConfig, train_rows: int
+    hp: dict[str, Any],
+    cfg: ServiceConfig,
+    train_rows: int,
+    kind: JobType = JobType.REINFORCEMENT,
 ) -> tuple[dict[str, Any], int]:
     """Replace "auto" with the service's defaults, range-check the rest, and plan
     the job: ``(resolved, steps_total)``."""
+    if kind is not JobType.REINFORCEMENT:
+        return _resolve_examples(kind, hp, cfg, train_rows)
     batch_size = _int_hp(
         hp,
         "batch_size",
@@ -391,15 +505,52 @@ def resolve_hyperparameters(
     return resolved, steps
 
 
+def _resolve_examples(
+    kind: JobType, hp: dict[str, Any], cfg: ServiceConfig, train_rows: int
+) -> tuple[dict[str, Any], int]:
+    where = f"method.{kind.value}.hyperparameters"
+    batch_size = _int_hp(
+        hp,
+        "batch_size",
+        min(cfg.default_batch_size, train_rows),
+        min(MAX_BATCH_SIZE, train_rows),
+        f" (the training file has {train_rows} examples)",
+        where,
+    )
+    n_epochs = _int_hp(hp, "n_epochs", cfg.default_n_epochs, MAX_EPOCHS, "", where)
+    lr_mult = _float_hp(
+        hp,
+        "learning_rate_multiplier",
+        cfg.default_learning_rate_multiplier,
+        MAX_LR_MULTIPLIER,
+        where,
+    )
+    steps = min(cfg.max_steps_per_job, math.ceil(train_rows * n_epochs / batch_size))
+    resolved: dict[str, Any] = {
+        "batch_size": batch_size,
+        "n_epochs": n_epochs,
+        "learning_rate_multiplier": lr_mult,
+        "learning_rate": cfg.supervised_learning_rate * lr_mult,
+    }
+    if kind is JobType.DPO:
+        resolved["beta"] = _float_hp(hp, "beta", DEFAULT_BETA, MAX_BETA, where)
+    return resolved, steps
+
+
 def method_object(
-    grader: dict[str, Any],
+    grader: dict[str, Any] | None,
     resolved: dict[str, Any],
     tools: list[dict[str, Any]] | None = None,
     max_episode_steps: int | None = None,
+    kind: JobType = JobType.REINFORCEMENT,
 ) -> dict[str, Any]:
     """The job's ``method`` as stored: the grader, hyperparameters resolved, an
     agent job's tools (with their headers: ``public_method`` hides them) and
-    max_episode_steps."""
+    max_episode_steps; a supervised or DPO job's hyperparameters."""
+    if kind is not JobType.REINFORCEMENT:
+        hp = {k: resolved[k] for k in kind.hyperparameters}
+        return {"type": kind.value, kind.value: {"hyperparameters": hp}}
+    assert grader is not None  # a reinforcement job has one
     hp = {k: resolved[k] for k in HYPERPARAMETERS if k in resolved}
     rl: dict[str, Any] = {"grader": grader, "hyperparameters": hp}
     if tools:

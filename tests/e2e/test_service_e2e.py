@@ -19,7 +19,11 @@ import pytest
 from sqlalchemy import create_engine as make_engine
 from sqlalchemy import text
 
+from areal_marlaas.bench.echo_task import prompt as echo_prompt
+from areal_marlaas.bench.echo_task import write_echo_data
 from areal_marlaas.rundir.reader import read_jsonl
+from areal_marlaas.service.step_metrics import DPO_SCORES as DPO_FIELDS
+from areal_marlaas.service.step_metrics import SUPERVISED_SCORES as SUPERVISED_FIELDS
 from areal_marlaas.service.store import task_name_of
 from tests.support import postgres as pg
 from tests.support.dashboard import DashboardPage, chromium
@@ -348,6 +352,130 @@ def test_validation_evals_metrics_and_best_checkpoints(service):
 
 
 TENANTS = {"acme": 2, "globex": 1}  # jobs each
+
+
+def test_supervised_and_dpo_jobs_beside_a_reinforcement_job_and_continued(
+    service, tmp_path
+):
+    """A supervised job (OpenAI's chat format, a validation file), a DPO job
+    (preference pairs) and a reinforcement job of one tenant on one service:
+    all succeed; the supervised and DPO steps go through the one train queue
+    while the reinforcement job rolls out; their metrics events and
+    checkpoints carry OpenAI's loss fields (token accuracy; preference
+    accuracy); their models answer chat. A supervised job continuing the
+    first one's model starts from its adapter: its first training loss on the
+    first job's validation file is that job's last full validation loss.
+    Another tenant naming that model gets a 404."""
+    live = service
+    a, b = live.add_tenant("sfta"), live.add_tenant("sftb")
+    echo = write_echo_data(tmp_path / "echo", train=8, valid=4, test=1)
+    pref = write_echo_data(tmp_path / "pref", 8, 4, 1, seed=1, preference=True)
+
+    def upload(client, path):
+        return client.files.create(
+            file=(path.name, path.read_bytes()), purpose="fine-tune"
+        )
+
+    def examples(kind, **hp):
+        hp = {"batch_size": 4, "n_epochs": 2, **hp}
+        return {"type": kind, kind: {"hyperparameters": hp}}
+
+    with live.on_failure():
+        valid = upload(a, echo["valid"])
+        prompts = a.files.create(file=("rl.jsonl", lines(4, 7)), purpose="fine-tune")
+        rl = a.fine_tuning.jobs.create(
+            model=BASE,
+            training_file=prompts.id,
+            method=method(STRING_CHECK, n_epochs=3),
+        )
+        sft = a.fine_tuning.jobs.create(
+            model=BASE,
+            training_file=upload(a, echo["train"]).id,
+            validation_file=valid.id,
+            method=examples("supervised"),  # type: ignore[arg-type]
+        )
+        dpo = a.fine_tuning.jobs.create(
+            model=BASE,
+            training_file=upload(a, pref["train"]).id,
+            validation_file=upload(a, pref["valid"]).id,
+            method=examples("dpo", beta=0.1),  # type: ignore[arg-type]
+        )
+        done = wait_all(a, [rl.id, sft.id, dpo.id], 1200)
+        assert {j.status for j in done.values()} == {"succeeded"}, done
+        model = done[sft.id].fine_tuned_model
+        # Continued: the first job's validation file, all of it in one step.
+        more = a.fine_tuning.jobs.create(
+            model=model,
+            training_file=valid.id,
+            method=examples("supervised", n_epochs=1),  # type: ignore[arg-type]
+        )
+        with pytest.raises(openai.NotFoundError) as other:
+            b.fine_tuning.jobs.create(
+                model=model,
+                training_file=upload(b, echo["valid"]).id,
+                method=examples("supervised"),  # type: ignore[arg-type]
+            )
+        done |= wait_all(a, [more.id], 600)
+        assert done[more.id].status == "succeeded", done[more.id]
+
+        def metrics(job_id):
+            events = reversed(all_events(a, job_id, 20))
+            return [e for e in events if e.type == "metrics"]
+
+        runs = {j: metrics(j) for j in (sft.id, dpo.id, more.id)}
+        ckpts = {
+            j: a.fine_tuning.jobs.checkpoints.list(j, limit=100).data
+            for j in (sft.id, dpo.id)
+        }
+        word = echo["test"].read_text().split('"content": "Say ')[1].split(" ")[0]
+        ask = [{"role": "user", "content": echo_prompt(word)}]
+
+        def lp(m):
+            r = a.chat.completions.create(
+                model=m, messages=ask, max_tokens=12, temperature=0, logprobs=True
+            )
+            print(f"{m}: {r.choices[0].message.content!r}")
+            return [t.logprob for t in r.choices[0].logprobs.content]
+
+        answers = {j: lp(done[j].fine_tuned_model) for j in (sft.id, dpo.id)}
+        base = lp(BASE)
+        with pytest.raises(openai.NotFoundError):
+            b.chat.completions.create(model=model, messages=ask, max_tokens=2)
+
+    assert other.value.body["param"] == "model"  # type: ignore[index]
+    for job_id, fields in ((sft.id, SUPERVISED_FIELDS), (dpo.id, DPO_FIELDS)):
+        data = [e.data for e in runs[job_id]]
+        assert [d["step"] for d in data] == [1, 2, 3, 4], data
+        for d, e in zip(data, runs[job_id], strict=True):
+            assert e.message.startswith(f"Step {d['step']}/4: training loss=")
+            for key in fields[:4]:
+                assert isinstance(d[key], float), (key, d)
+        assert {fields[-2], fields[-1]} <= set(data[-1])  # full validation
+        # The preferred answers were learned, on held-out words.
+        assert data[-1]["valid_loss"] < data[0]["train_loss"], data
+        for c in ckpts[job_id]:
+            assert c.metrics.train_loss is not None and c.metrics.valid_loss is not None
+        last = next(c for c in ckpts[job_id] if c.step_number == 4)
+        assert last.metrics.full_valid_loss == pytest.approx(
+            data[-1]["full_valid_loss"]
+        )
+        assert (
+            max(abs(x - y) for x, y in zip(answers[job_id], base, strict=False)) > 1e-4
+        )
+    # The continued job began from the first one's adapter.
+    first = runs[more.id][0].data
+    assert first["train_loss"] == pytest.approx(
+        runs[sft.id][-1].data["full_valid_loss"], abs=1e-4
+    )
+    # One train queue: the supervised and DPO steps committed while the
+    # reinforcement job was between its first and last steps.
+    records = read_jsonl(live.run_dir / "steps.jsonl")
+    commits = {
+        j: [r["t_commit"] for r in records if r["task"] == task_name_of(j)]
+        for j in (rl.id, sft.id, dpo.id)
+    }
+    lo, hi = min(commits[rl.id]), max(commits[rl.id])
+    assert any(lo < t < hi for t in commits[sft.id] + commits[dpo.id]), commits
 
 
 def test_two_tenants_jobs_on_two_trainer_workers_and_their_usage(service):

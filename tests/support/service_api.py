@@ -11,8 +11,10 @@ from pathlib import Path
 import openai
 import pytest
 from sqlalchemy import select
+from transformers import AutoTokenizer
 
 from areal_marlaas.config.service import ServiceConfig
+from areal_marlaas.paths import default_model_path
 from areal_marlaas.service.prometheus import ServiceMetrics
 from areal_marlaas.service.server import ApiServer, run_api
 from areal_marlaas.service.store import JobStore
@@ -64,7 +66,9 @@ def start_service(root: Path, make_router=None, **overrides) -> Service:
     store = JobStore.from_config(cfg)
     metrics = ServiceMetrics(store)
     router = make_router(store) if make_router else None
-    api = run_api(cfg, store, router, metrics=metrics)
+    # The base model's tokenizer: a supervised job's demonstrations are counted.
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    api = run_api(cfg, store, router, metrics=metrics, tokenizer=tokenizer)
     return Service(cfg, store, api, metrics, router)
 
 

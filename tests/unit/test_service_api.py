@@ -94,7 +94,7 @@ def test_files_list_pages_with_after_and_limit(svc):
                     {
                         "messages": [
                             {"role": "user", "content": "hi"},
-                            {"role": "assistant", "content": "x"},
+                            {"role": "tool", "content": "x"},
                         ]
                     }
                 ]
@@ -113,7 +113,7 @@ def test_files_list_pages_with_after_and_limit(svc):
     ],
     ids=[
         "bad-json-line-3",
-        "no-user-turn",
+        "ends-with-a-tool-turn",
         "non-utf8",
         "not-object",
         "no-messages",
@@ -539,7 +539,7 @@ def test_limits_are_429_without_retries(svc):
 @pytest.mark.parametrize(
     "kwargs, param, needle",
     [
-        (dict(model="gpt-4o-mini"), "model", f"fine-tunes '{BASE}' only"),
+        (dict(model="gpt-4o-mini"), "model", f"fine-tunes '{BASE}' and the fine-tuned"),
         (
             dict(method=hp(batch_size=-1)),
             "method.reinforcement.hyperparameters.batch_size",
@@ -613,11 +613,11 @@ def test_limits_are_429_without_retries(svc):
             "operation",
         ),
         (
-            dict(method={"type": "supervised", "supervised": {}}),
+            dict(method={"type": "ppo", "ppo": {}}),
             "method.type",
-            "'supervised' is not supported",
+            "'ppo' is not supported",
         ),
-        (dict(method=None), "method", "only reinforcement"),
+        (dict(method=None), "method", "method is required"),
         (
             dict(extra_body={"hyperparameters": {"n_epochs": 3}}),
             "hyperparameters",

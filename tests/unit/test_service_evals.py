@@ -160,3 +160,19 @@ def test_retention_keeps_the_newest_and_the_best_by_the_score(svc, tmp_path):
         (4, f"adapters/{job.id}/v4")
     ]
     assert store.prune_checkpoints(job.id, 0, "valid_reward_mean") == []
+
+
+def test_retention_by_a_loss_keeps_the_lowest(svc):
+    tenant_id, _, a = svc.tenant()
+    job = create_job(a, upload(a).id)
+    store = svc.store
+    for step, v in {1: 0.9, 2: 0.1, 3: 0.5, 4: 0.7}.items():
+        path = store.root / "adapters" / job.id / f"v{step}"
+        path.mkdir(parents=True)
+        store.record_checkpoint(job.id, step, step, path, {"valid_loss": v})
+
+    dropped = store.prune_checkpoints(job.id, 2, "valid_loss", higher_is_better=False)
+
+    assert sorted(step for step, _ in dropped) == [1]
+    kept = {c.step_number for c in store.list_checkpoints(tenant_id, job.id).items}
+    assert kept == {2, 3, 4}  # the two lowest losses, and the newest

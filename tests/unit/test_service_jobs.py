@@ -92,7 +92,7 @@ def test_a_job_becomes_a_task_spec(tmp_path):
     job = SimpleNamespace(
         task_name="job_abc",
         hyperparameters={"batch_size": 3, "group_size": 4, "learning_rate": 2e-4},
-        method={"reinforcement": {"grader": GRADER}},
+        method={"type": "reinforcement", "reinforcement": {"grader": GRADER}},
         steps_total=7,
         seed=5,
         tenant_id="org-1",
@@ -111,7 +111,8 @@ def test_a_job_becomes_a_task_spec(tmp_path):
         **{
             **vars(job),
             "method": {
-                "reinforcement": {"grader": {"type": "marlaas", "kind": "gsm8k"}}
+                "type": "reinforcement",
+                "reinforcement": {"grader": {"type": "marlaas", "kind": "gsm8k"}},
             },
         }
     )

@@ -182,3 +182,52 @@ def test_the_estimated_finish_extrapolates_the_mean_commit_interval():
     assert step_metrics.estimated_finish([100.0], 4) is None  # no rate yet
     assert step_metrics.estimated_finish([100.0, 110.0, 130.0], 3) == 130.0 + 3 * 15.0
     assert step_metrics.estimated_finish([100.0, 110.0], 0) == 110.0
+
+
+def supervised_record(**scores) -> StepRecord:
+    return record(
+        reward_mean=None,
+        loss=0.8,
+        graders=None,
+        supervised={"train_mean_token_accuracy": 0.6, "trained_tokens": 40, **scores},
+    )
+
+
+def test_a_supervised_step_has_openais_loss_fields_and_message():
+    data = step_metrics.step_data(supervised_record(valid_loss=0.9), total_steps=5)
+
+    assert data["train_loss"] == 0.8 and data["train_mean_token_accuracy"] == 0.6
+    assert data["valid_loss"] == 0.9 and "full_valid_loss" not in data
+    assert "scores" not in data  # a reinforcement step's rewards
+    assert step_metrics.message(data) == (
+        "Step 3/5: training loss=0.8, validation loss=0.9"
+    )
+
+
+def test_the_sdk_types_a_supervised_checkpoints_metrics():
+    data = step_metrics.step_data(
+        supervised_record(
+            valid_loss=0.9,
+            valid_mean_token_accuracy=0.5,
+            full_valid_loss=0.95,
+            full_valid_mean_token_accuracy=0.55,
+        ),
+        5,
+    )
+    ckpt = construct_type(
+        type_=FineTuningJobCheckpoint,
+        value={
+            "id": "ftckpt-1",
+            "created_at": 1,
+            "fine_tuned_model_checkpoint": "ft:x:ckpt-step-3",
+            "fine_tuning_job_id": "ftjob-1",
+            "object": "fine_tuning.job.checkpoint",
+            "step_number": 3,
+            "metrics": step_metrics.checkpoint_metrics(data),
+        },
+    )
+    assert isinstance(ckpt, FineTuningJobCheckpoint)
+    m = ckpt.metrics
+    assert (m.step, m.train_loss, m.train_mean_token_accuracy) == (3, 0.8, 0.6)
+    assert (m.valid_loss, m.valid_mean_token_accuracy) == (0.9, 0.5)
+    assert (m.full_valid_loss, m.full_valid_mean_token_accuracy) == (0.95, 0.55)

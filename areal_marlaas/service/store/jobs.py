@@ -3,9 +3,11 @@ one scoped to the calling tenant."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
@@ -358,6 +360,37 @@ class ApiJobStore(StoreBase):
                 .order_by(Checkpoint.step_number.desc(), Checkpoint.seq.desc())
                 .limit(1)
             )
+
+    # -- continued fine-tuning: the adapter a job starts from --------------------
+    def start_adapter(self, job_id: str) -> Path | None:
+        """The adapter job ``job_id`` starts from (its copy), None: a fresh one."""
+        path = self.root / START_ADAPTERS / job_id
+        return path if path.is_dir() else None
+
+    def keep_start_adapter(self, job_id: str, ckpt: Checkpoint) -> Path:
+        """Copy checkpoint ``ckpt``'s adapter (PEFT files only, not its
+        optimizer state) as the one job ``job_id`` starts from."""
+        dst = self.root / START_ADAPTERS / job_id
+        if dst.is_dir():  # an idempotent retry of the create
+            return dst
+        src = self.root / ckpt.adapter_path
+        tmp = dst.with_name(f".{job_id}.partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            for name in ADAPTER_FILES:
+                shutil.copyfile(src / name, tmp / name)
+        except FileNotFoundError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise NotFound(
+                "model", ckpt.fine_tuned_model_checkpoint, param="model"
+            ) from e
+        tmp.rename(dst)
+        return dst
+
+
+START_ADAPTERS = "starts"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 def _check_action(job: Job, state: str, action: str) -> None:

@@ -57,7 +57,10 @@ _STATUS_MESSAGES = {
 
 def fine_tuned_model_name(base_model: str, tenant_name: str, job: Job) -> str:
     """OpenAI's shape, ``ft:<base>:<org>[:<suffix>]:<job>``; the job part makes it
-    unique across the service."""
+    unique across the service. A job continuing a fine-tuned model names the
+    base model that one was made from."""
+    if base_model.startswith("ft:"):
+        base_model = base_model.split(":")[1]
     parts = ["ft", base_model, tenant_name]
     if job.suffix:
         parts.append(job.suffix)
@@ -304,9 +307,12 @@ class ProgressStore(FileStore):
         keep_best: int,
         by: str,
         protect: frozenset[int] = frozenset(),
+        higher_is_better: bool = True,
     ) -> list[tuple[int, str]]:
         """Keep a job's newest checkpoint and its ``keep_best`` best by
-        ``metrics[by]`` (a missing score ranks last; a tie goes to the newer);
+        ``metrics[by]`` (the highest, or the lowest for a loss:
+        ``higher_is_better=False``; a missing score ranks last; a tie goes to
+        the newer);
         delete the other rows and return their ``(step, adapter_path)`` for the
         caller to delete their files. ``keep_best`` 0 keeps every checkpoint;
         steps in ``protect`` (validation still running) are kept too."""
@@ -326,7 +332,7 @@ class ProgressStore(FileStore):
             def rank(c: Checkpoint) -> tuple[bool, float, int]:
                 v = (c.metrics or {}).get(by)
                 if isinstance(v, int | float) and math.isfinite(v):
-                    return (True, float(v), c.step_number)
+                    return (True, v if higher_is_better else -v, c.step_number)
                 return (False, 0.0, c.step_number)
 
             best = sorted(ckpts, key=rank, reverse=True)[:keep_best]
