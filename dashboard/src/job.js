@@ -1,5 +1,7 @@
-// One job: charts over steps (train and validation reward, per grader, loss,
-// step timing), events, checkpoints and the eval sample viewer.
+// One job: charts over steps by its method (reinforcement: train and validation
+// reward, per grader, loss, step timing, tools; supervised: loss and token
+// accuracy; DPO: preference loss, accuracy and reward margin), events,
+// checkpoints and the eval sample viewer.
 
 import { StepChart } from "./charts.js";
 import { badge, clear, eta, h, num, progress, seconds, table, when } from "./dom.js";
@@ -38,6 +40,90 @@ function graderSeries(rows) {
   return out;
 }
 
+// The charts of a job's page, by its method: each a title, a y label and its
+// series over the metrics events' steps.
+const stepTiming = (rows) => {
+  const t = (k) => col(rows, (r) => r.timing?.step?.[k]);
+  return [
+    { label: "sampling", values: t("sampling") },
+    { label: "training", values: t("training") },
+    { label: "eval", values: t("eval") },
+    { label: "full iteration", values: t("full_iteration") },
+  ];
+};
+// train_*, valid_* and full_valid_* of one score (supervised and DPO jobs).
+const splits = (rows, score, label = "") => [
+  { label: `train${label}`, values: col(rows, (r) => r[`train_${score}`]) },
+  { label: `validation${label}`, values: col(rows, (r) => r[`valid_${score}`]), dash: [6, 4] },
+  { label: `full validation${label}`, values: col(rows, (r) => r[`full_valid_${score}`]), dash: [2, 3] },
+];
+
+export const METHOD_CHARTS = {
+  reinforcement: [
+    {
+      name: "reward", title: "Reward", yLabel: "mean reward",
+      series: (rows) => [
+        { label: "train", values: col(rows, (r) => r.scores?.train_reward_mean) },
+        { label: "validation", values: col(rows, (r) => r.scores?.valid_reward_mean), dash: [6, 4] },
+      ],
+    },
+    { name: "graders", title: "Reward per grader", yLabel: "mean score", series: graderSeries },
+    {
+      name: "loss", title: "Loss", yLabel: "loss",
+      series: (rows) => [{ label: "loss", values: col(rows, (r) => r.marlaas?.loss) }],
+    },
+    { name: "timing", title: "Step timing", yLabel: "seconds", series: stepTiming },
+    {
+      name: "tools", title: "Tool calls (agent jobs)", yLabel: "per rollout / count / s",
+      series: (rows) => {
+        const tool = (k) => col(rows, (r) => r.tools?.[k]);
+        return [
+          { label: "calls per rollout", values: tool("calls_per_rollout") },
+          { label: "errors", values: tool("errors") },
+          { label: "latency (s)", values: tool("latency_s_mean") },
+          { label: "discarded groups", values: col(rows, (r) => r.discarded_groups), dash: [6, 4] },
+        ];
+      },
+    },
+  ],
+  supervised: [
+    { name: "loss", title: "Loss", yLabel: "mean token NLL", series: (rows) => splits(rows, "loss") },
+    {
+      name: "token-accuracy", title: "Token accuracy", yLabel: "share of tokens",
+      series: (rows) => splits(rows, "mean_token_accuracy"),
+    },
+    { name: "timing", title: "Step timing", yLabel: "seconds", series: stepTiming },
+  ],
+  dpo: [
+    { name: "loss", title: "Preference loss", yLabel: "loss", series: (rows) => splits(rows, "loss") },
+    {
+      name: "preference-accuracy", title: "Preference accuracy", yLabel: "share of pairs",
+      series: (rows) => splits(rows, "preference_accuracy"),
+    },
+    {
+      name: "reward-margin", title: "Reward margin", yLabel: "beta x log-ratio",
+      series: (rows) => splits(rows, "reward_margin").slice(0, 2),
+    },
+    { name: "timing", title: "Step timing", yLabel: "seconds", series: stepTiming },
+  ],
+};
+
+// The checkpoints table's score columns, by method.
+const CHECKPOINT_SCORES = {
+  reinforcement: [["train reward", "train_reward_mean"], ["validation reward", "valid_reward_mean"]],
+  supervised: [
+    ["train loss", "train_loss"], ["validation loss", "valid_loss"],
+    ["full validation loss", "full_valid_loss"], ["train token accuracy", "train_mean_token_accuracy"],
+  ],
+  dpo: [
+    ["train loss", "train_loss"], ["validation loss", "valid_loss"],
+    ["preference accuracy", "train_preference_accuracy"],
+    ["validation preference accuracy", "valid_preference_accuracy"],
+  ],
+};
+
+const methodOf = (job) => (METHOD_CHARTS[job.method?.type] ? job.method.type : "reinforcement");
+
 export class JobView {
   constructor(api, root, jobId) {
     this.api = api;
@@ -50,16 +136,14 @@ export class JobView {
     this.samplesKey = null;
   }
 
-  build() {
+  build(job) {
     this.head = h("div", { class: "job-head" });
-    const charts = h("div", { class: "charts" });
-    this.charts = {
-      reward: new StepChart(charts, { title: "Reward", name: "reward", yLabel: "mean reward" }),
-      graders: new StepChart(charts, { title: "Reward per grader", name: "graders", yLabel: "mean score" }),
-      loss: new StepChart(charts, { title: "Loss", name: "loss", yLabel: "loss" }),
-      timing: new StepChart(charts, { title: "Step timing", name: "timing", yLabel: "seconds" }),
-      tools: new StepChart(charts, { title: "Tool calls (agent jobs)", name: "tools", yLabel: "per rollout / count / s" }),
-    };
+    const charts = h("div", { class: "charts", "data-method": methodOf(job) });
+    this.method = methodOf(job);
+    this.charts = METHOD_CHARTS[this.method].map((c) => ({
+      ...c,
+      chart: new StepChart(charts, { title: c.title, name: c.name, yLabel: c.yLabel }),
+    }));
     this.checkpoints = h("div", { class: "checkpoints" });
     this.samples = h("div", { class: "samples" });
     this.eventList = h("div", { class: "events" });
@@ -80,7 +164,7 @@ export class JobView {
   async refresh() {
     const base = `/v1/fine_tuning/jobs/${encodeURIComponent(this.jobId)}`;
     const job = await this.api.get(base);
-    if (!this.charts) this.build();
+    if (!this.charts) this.build(job);
     await this.api.newer(`${base}/events`, this.events);
     const ckpts = await this.api.all(`${base}/checkpoints`);
     this.renderHead(job);
@@ -110,26 +194,7 @@ export class JobView {
 
   renderCharts(rows) {
     const xs = rows.map((r) => r.step);
-    this.charts.reward.update(xs, [
-      { label: "train", values: col(rows, (r) => r.scores?.train_reward_mean) },
-      { label: "validation", values: col(rows, (r) => r.scores?.valid_reward_mean), dash: [6, 4] },
-    ]);
-    this.charts.graders.update(xs, graderSeries(rows));
-    this.charts.loss.update(xs, [{ label: "loss", values: col(rows, (r) => r.marlaas?.loss) }]);
-    const t = (k) => col(rows, (r) => r.timing?.step?.[k]);
-    this.charts.timing.update(xs, [
-      { label: "sampling", values: t("sampling") },
-      { label: "training", values: t("training") },
-      { label: "eval", values: t("eval") },
-      { label: "full iteration", values: t("full_iteration") },
-    ]);
-    const tool = (k) => col(rows, (r) => r.tools?.[k]);
-    this.charts.tools.update(xs, [
-      { label: "calls per rollout", values: tool("calls_per_rollout") },
-      { label: "errors", values: tool("errors") },
-      { label: "latency (s)", values: tool("latency_s_mean") },
-      { label: "discarded groups", values: col(rows, (r) => r.discarded_groups), dash: [6, 4] },
-    ]);
+    for (const c of this.charts) c.chart.update(xs, c.series(rows));
   }
 
   renderCheckpoints(ckpts) {
@@ -139,12 +204,11 @@ export class JobView {
       rows.length === 0
         ? h("p", { class: "empty" }, "No checkpoint yet.")
         : table(
-            ["step", "model", "train reward", "validation reward", "created"],
+            ["step", "model", ...CHECKPOINT_SCORES[this.method].map(([label]) => label), "created"],
             rows.map((c) => [
               c.step_number,
               h("code", {}, c.fine_tuned_model_checkpoint),
-              num(c.metrics?.train_reward_mean),
-              num(c.metrics?.valid_reward_mean),
+              ...CHECKPOINT_SCORES[this.method].map(([, key]) => num(c.metrics?.[key])),
               when(c.created_at),
             ]),
             (i) => ({ "data-step": rows[i].step_number }),

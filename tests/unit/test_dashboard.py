@@ -5,6 +5,7 @@ signed-in key reaches through the API."""
 
 from __future__ import annotations
 
+import json
 import time
 from urllib.parse import urlparse
 
@@ -340,3 +341,92 @@ def test_a_tenant_key_gets_401_on_the_overview_and_the_page_has_a_csp(svc, world
     assert "default-src 'none'" in csp and "connect-src 'self'" in csp
     assert httpx.get(f"{base}/dashboard/assets/index.html").status_code == 404
     assert httpx.get(f"{base}/dashboard/assets/..%2F__init__.py").status_code == 404
+
+
+def examples_job(svc, client, kind: str, scores: dict) -> str:
+    """A running supervised or DPO job of ``client`` with two committed steps
+    (records as the runtime writes them)."""
+    row = (
+        {
+            "input": {"messages": [{"role": "user", "content": "Say hi."}]},
+            "preferred_output": [{"role": "assistant", "content": "hi"}],
+            "non_preferred_output": [{"role": "assistant", "content": "no"}],
+        }
+        if kind == "dpo"
+        else {
+            "messages": [
+                {"role": "user", "content": "Say hi."},
+                {"role": "assistant", "content": "hi"},
+            ]
+        }
+    )
+    f = client.files.create(
+        file=("x.jsonl", (json.dumps(row) + "\n").encode() * 4), purpose="fine-tune"
+    )
+    method = {"type": kind, kind: {"hyperparameters": {"batch_size": 2}}}
+    job = client.fine_tuning.jobs.create(
+        model="SmolLM2-135M-Instruct", training_file=f.id, method=method
+    )
+    for status in (VALIDATING, QUEUED, RUNNING):
+        svc.store.set_status(job.id, status)
+    part = "supervised" if kind == "supervised" else "preference"
+    for step in (1, 2):
+        r = step_record(step, reward=0.0, t=time.time())
+        r.update(reward_mean=None, graders=[], loss=1.0 / step)  # type: ignore[typeddict-item]
+        r[part] = {k: v / step for k, v in scores.items()}  # type: ignore[literal-required]
+        data = step_metrics.step_data(r, 2)
+        svc.store.record_step(job.id, step, data, at=time.time())
+        folder = svc.cfg.root_dir / "adapters" / job.id / str(step)
+        folder.mkdir(parents=True, exist_ok=True)
+        svc.store.record_checkpoint(
+            job.id, step, step, folder, step_metrics.checkpoint_metrics(data)
+        )
+    return job.id
+
+
+@pytest.mark.parametrize(
+    ("kind", "scores", "charts"),
+    [
+        (
+            "supervised",
+            {"train_mean_token_accuracy": 0.5, "trained_tokens": 8, "valid_loss": 1.2},
+            {
+                "loss": "train|validation|full validation",
+                "token-accuracy": "train|validation|full validation",
+                "timing": "sampling|training|eval|full iteration",
+            },
+        ),
+        (
+            "dpo",
+            {
+                "train_preference_accuracy": 0.5,
+                "train_reward_margin": 0.1,
+                "trained_pairs": 2,
+            },
+            {
+                "loss": "train|validation|full validation",
+                "preference-accuracy": "train|validation|full validation",
+                "reward-margin": "train|validation",
+                "timing": "sampling|training|eval|full iteration",
+            },
+        ),
+    ],
+)
+def test_a_supervised_or_dpo_job_page_charts_its_methods_scores(
+    page, svc, kind, scores, charts
+):
+    _, key, client = svc.tenant(kind[:3])
+    job_id = examples_job(svc, client, kind, scores)
+
+    page.sign_in(key, f"#/jobs/{job_id}")
+
+    p = page.page
+    p.wait_for_selector('[data-chart="loss"][data-points="2"]')
+    shown = p.eval_on_selector_all(
+        "[data-chart]", "cs => cs.map(c => [c.dataset.chart, c.dataset.series])"
+    )
+    assert dict(shown) == charts
+    header = p.inner_text(".checkpoints tr")
+    assert "train loss" in header and "reward" not in header
+    assert p.locator(".checkpoints tr[data-step]").count() == 2
+    assert page.errors == []
