@@ -32,15 +32,15 @@ def row(word: str) -> dict:
     }
 
 
-def preference_row(word: str) -> dict:
-    """A DPO example (OpenAI's format): the exact answer preferred over a near
-    miss that says the word twice."""
+def preference_row(word: str, rejected: str | None = None) -> dict:
+    """A DPO example (OpenAI's format): the exact answer preferred over
+    ``rejected`` (default: a near miss that says the word twice; a bench may
+    give the base model's own answer, as on-policy preference data does)."""
+    worse = ", ".join([word] * 2) if rejected is None else rejected
     return {
         "input": {"messages": [{"role": "user", "content": prompt(word)}]},
         "preferred_output": [{"role": "assistant", "content": answer(word)}],
-        "non_preferred_output": [
-            {"role": "assistant", "content": ", ".join([word] * 2)}
-        ],
+        "non_preferred_output": [{"role": "assistant", "content": worse}],
     }
 
 
@@ -51,10 +51,11 @@ def write_echo_data(
     test: int,
     seed: int = 0,
     preference: bool = False,
+    rejected=None,
 ):
     """``train.jsonl``, ``valid.jsonl`` and ``test.jsonl`` under ``out`` with
-    disjoint words (``preference``: DPO pairs instead of demonstrations);
-    returns their paths."""
+    disjoint words (``preference``: DPO pairs instead of demonstrations, their
+    rejected answer ``rejected(word)`` when given); returns their paths."""
     pool = words(train + valid + test, seed)
     out.mkdir(parents=True, exist_ok=True)
     splits = {
@@ -65,7 +66,10 @@ def write_echo_data(
     paths = {}
     for split, ws in splits.items():
         path = out / f"{split}.jsonl"
-        make = preference_row if preference else row
-        path.write_text("".join(json.dumps(make(w)) + "\n" for w in ws))
+        if preference:
+            rows = [preference_row(w, rejected and rejected(w)) for w in ws]
+        else:
+            rows = [row(w) for w in ws]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         paths[split] = path
     return paths
