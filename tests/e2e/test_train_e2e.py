@@ -38,13 +38,13 @@ def isolation_checked(monkeypatch):
     trained: list[str] = []
     original = MultiLoRAFSDPPPOActor.train_task
 
-    def train_task(self, name, batch):
+    def train_task(self, name, batch, valid=None):
         others = {
             t: (lora_snapshot(self, t), optimizer_snapshot(self, t))
             for t in self.slots
             if t != name
         }
-        out = original(self, name, batch)
+        out = original(self, name, batch, valid)
         for t, (weights, optim) in others.items():
             assert_bitwise_equal(lora_snapshot(self, t), weights)
             assert_bitwise_equal(optimizer_snapshot(self, t), optim)
