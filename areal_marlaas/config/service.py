@@ -212,11 +212,6 @@ class ServiceConfig:
         },
     )
 
-    @property
-    def supervised_max_tokens(self) -> int:
-        """The longest demonstration a supervised job trains on."""
-        return self.max_prompt_tokens + self.max_new_tokens
-
     temperature: float = field(
         default=1.0, metadata={"help": "Sampling temperature of jobs' rollouts."}
     )
@@ -382,6 +377,11 @@ class ServiceConfig:
         if self.admin_key_file:
             return Path(self.admin_key_file).expanduser()
         return self.root_dir / "admin_key.sha256"
+
+    @property
+    def supervised_max_tokens(self) -> int:
+        """The longest example (a sequence of it) a supervised or DPO job trains on."""
+        return self.max_prompt_tokens + self.max_new_tokens
 
 
 @dataclass
