@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -13,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_train(
-    tasks: list[dict], here: Path, fileroot: Path, overrides: list[str] = ()
+    tasks: list[dict], here: Path, fileroot: Path, overrides: Sequence[str] = ()
 ) -> Path:
     """Write ``here/tasks.yaml``, run ``marlaas train`` on the quickstart config
     with it (trial ``here.name``, runs under ``fileroot``), keep its screen in
