@@ -10,14 +10,11 @@ demonstrated calls as Hermes text), so what SFT teaches is what they serve.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from areal.utils.hf_utils import apply_chat_template
 
 from areal_marlaas.agents.protocol import calls_as_text, prompt_messages
-
-ROLES = ("system", "developer", "user", "assistant", "tool")
+from areal_marlaas.tasks.messages import ROLES
 
 
 def check_sft_row(row: object, where: str) -> None:
@@ -124,14 +121,3 @@ def sft_example(
         "attention_mask": torch.ones(1, n, dtype=torch.bool),
         "loss_mask": torch.tensor([mask], dtype=torch.long),
     }
-
-
-def sft_examples(
-    tokenizer, rows: list[dict[str, Any]], max_tokens: int, where: str
-) -> list[dict[str, torch.Tensor]]:
-    """Every row checked and tokenized; the first bad one raises, by line."""
-    out = []
-    for n, row in enumerate(rows, 1):
-        check_sft_row(row, f"{where}:{n}")
-        out.append(sft_example(tokenizer, row, max_tokens, f"{where}:{n}"))
-    return out
