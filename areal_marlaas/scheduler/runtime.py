@@ -71,6 +71,14 @@ from areal_marlaas.tasks.prompt_order import TaskData
 logger = logging.getLogger("MARLaaSRuntime")
 
 
+# A method's scores part of a step result, and the validation scores that are
+# also reported as full validation when the step scored every example.
+_FULL_VALID = {
+    "supervised": ("loss", "mean_token_accuracy"),
+    "preference": ("loss", "preference_accuracy"),
+}
+
+
 class VersionMismatchError(RuntimeError):
     """The trainer committed a version the scheduler did not expect."""
 
@@ -649,22 +657,14 @@ class Runtime:
             **result["process"],
         }
         full = valid is not None and valid is t.valid_full
-        sup = result.get("supervised")
-        if sup is not None:
-            if full:
-                sup["full_valid_loss"] = sup.get("valid_loss")
-                sup["full_valid_mean_token_accuracy"] = sup.get(
-                    "valid_mean_token_accuracy"
-                )
-            record["supervised"] = sup
-        pref = result.get("preference")
-        if pref is not None:
-            if full:
-                pref["full_valid_loss"] = pref.get("valid_loss")
-                pref["full_valid_preference_accuracy"] = pref.get(
-                    "valid_preference_accuracy"
-                )
-            record["preference"] = pref
+        for part, scores in _FULL_VALID.items():
+            got = result.get(part)
+            if got is None:
+                continue
+            if full:  # this step's validation covered every example
+                for name in scores:
+                    got[f"full_valid_{name}"] = got.get(f"valid_{name}")
+            record[part] = got
         placement = result.get("placement")
         if placement is not None:
             record["cores_mean"] = placement["cores_mean"]
