@@ -513,15 +513,7 @@ class TaskSpec:
                 "use a kind without its own workflow (or none)."
             )
         self.ppo.check(where)
-        positive = {
-            "batch_size": self.batch_size,
-            "max_new_tokens": self.max_new_tokens,
-            "max_prompt_tokens": self.max_prompt_tokens,
-            "total_steps": self.total_steps,
-        }
-        for key, value in positive.items():
-            if value < 1:
-                raise ConfigError(f"{where}: {key} must be >= 1, got {value}.")
+        self._check_shared(where)
         if self.n_samples < 2:
             raise ConfigError(
                 f"{where}: n_samples must be >= 2 (GRPO normalizes rewards within "
@@ -531,17 +523,8 @@ class TaskSpec:
             raise ConfigError(
                 f"{where}: temperature must be in (0, 2], got {self.temperature}."
             )
-        if not self.lr > 0:
-            raise ConfigError(f"{where}: lr must be > 0, got {self.lr}.")
-        if not self.weight > 0:
-            raise ConfigError(
-                f"{where}: weight must be > 0 (a tenant's share of the trainer "
-                f"under train_order=fair), got {self.weight}."
-            )
         if self.reward_timeout_s < 0:
             raise ConfigError(f"{where}: reward_timeout_s must be >= 0.")
-        if self.dataset.size < 0:
-            raise ConfigError(f"{where}: dataset.size must be >= 0.")
         self._check_eval(where)
         for key, ds in (("dataset", self.dataset), ("eval_dataset", self.eval_dataset)):
             if ds is None:
@@ -585,6 +568,10 @@ class TaskSpec:
             )
         if not (self.beta > 0 and math.isfinite(self.beta)):
             raise ConfigError(f"{where}: beta must be > 0, got {self.beta}.")
+        self._check_shared(where)
+
+    def _check_shared(self, where: str) -> None:
+        """The sizes, learning rate and weight every method reads."""
         positive = {
             "batch_size": self.batch_size,
             "max_new_tokens": self.max_new_tokens,
@@ -597,7 +584,10 @@ class TaskSpec:
         if not self.lr > 0:
             raise ConfigError(f"{where}: lr must be > 0, got {self.lr}.")
         if not self.weight > 0:
-            raise ConfigError(f"{where}: weight must be > 0, got {self.weight}.")
+            raise ConfigError(
+                f"{where}: weight must be > 0 (a tenant's share of the trainer "
+                f"under train_order=fair), got {self.weight}."
+            )
         if self.dataset.size < 0:
             raise ConfigError(f"{where}: dataset.size must be >= 0.")
 
