@@ -465,14 +465,7 @@ def resolve_hyperparameters(
     the job: ``(resolved, steps_total)``."""
     if kind is not JobType.REINFORCEMENT:
         return _resolve_examples(kind, hp, cfg, train_rows)
-    batch_size = _int_hp(
-        hp,
-        "batch_size",
-        min(cfg.default_batch_size, train_rows),
-        min(MAX_BATCH_SIZE, train_rows),
-        f" (the training file has {train_rows} examples)",
-    )
-    n_epochs = _int_hp(hp, "n_epochs", cfg.default_n_epochs, MAX_EPOCHS)
+    batch_size, n_epochs, lr_mult, steps = _plan(hp, cfg, train_rows, HP)
     cap = cfg.max_group_size / cfg.group_size_per_multiplier
     multiplier = _float_hp(
         hp, "compute_multiplier", cfg.default_compute_multiplier, cap
@@ -483,14 +476,7 @@ def resolve_hyperparameters(
     eval_samples = _int_hp(
         hp, "eval_samples", cfg.default_eval_samples, MAX_EVAL_SAMPLES
     )
-    lr_mult = _float_hp(
-        hp,
-        "learning_rate_multiplier",
-        cfg.default_learning_rate_multiplier,
-        MAX_LR_MULTIPLIER,
-    )
     group = max(2, round(cfg.group_size_per_multiplier * multiplier))
-    steps = min(cfg.max_steps_per_job, math.ceil(train_rows * n_epochs / batch_size))
     resolved = {
         "batch_size": batch_size,
         "n_epochs": n_epochs,
@@ -505,10 +491,11 @@ def resolve_hyperparameters(
     return resolved, steps
 
 
-def _resolve_examples(
-    kind: JobType, hp: dict[str, Any], cfg: ServiceConfig, train_rows: int
-) -> tuple[dict[str, Any], int]:
-    where = f"method.{kind.value}.hyperparameters"
+def _plan(
+    hp: dict[str, Any], cfg: ServiceConfig, train_rows: int, where: str
+) -> tuple[int, int, float, int]:
+    """What every method resolves alike: batch_size, n_epochs and
+    learning_rate_multiplier, and the steps they make."""
     batch_size = _int_hp(
         hp,
         "batch_size",
@@ -526,6 +513,14 @@ def _resolve_examples(
         where,
     )
     steps = min(cfg.max_steps_per_job, math.ceil(train_rows * n_epochs / batch_size))
+    return batch_size, n_epochs, lr_mult, steps
+
+
+def _resolve_examples(
+    kind: JobType, hp: dict[str, Any], cfg: ServiceConfig, train_rows: int
+) -> tuple[dict[str, Any], int]:
+    where = f"method.{kind.value}.hyperparameters"
+    batch_size, n_epochs, lr_mult, steps = _plan(hp, cfg, train_rows, where)
     resolved: dict[str, Any] = {
         "batch_size": batch_size,
         "n_epochs": n_epochs,
