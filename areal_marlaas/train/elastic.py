@@ -177,10 +177,7 @@ class ElasticTrainBackend:
     ) -> StepResult:
         self.cores.step_begin()
         try:
-            if valid is None:  # an engine's GRPO-only stand-in takes two
-                result = self._engine.train_task(task, batch)
-            else:
-                result = self._engine.train_task(task, batch, valid)
+            result = self._engine.train_task(task, batch, valid)
         finally:
             used = self.cores.step_end()
         return {**result, "placement": used}

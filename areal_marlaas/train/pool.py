@@ -85,10 +85,7 @@ class TrainerPool:
         valid: list[dict[str, Any]] | None = None,
     ) -> StepResult:
         engine = self.engine_of(name)
-        if valid is None:  # a GRPO step (an engine's stand-in may take two)
-            out = engine.train_task(name, batch)
-        else:
-            out = engine.train_task(name, batch, valid)
+        out = engine.train_task(name, batch, valid)
         # Freed by the worker that fetched it (the runtime's own release call,
         # which names no task, is a no-op here).
         engine.release_batch(batch)

@@ -148,9 +148,9 @@ class Engine(Trainer):
         self.runtime_ref = runtime_ref
         self.seen: list[int] = []
 
-    def train_task(self, task_name, batch):
+    def train_task(self, task_name, batch, valid=None):
         self.seen.append(self.runtime_ref[0].rollouts_running)
-        return super().train_task(task_name, batch)
+        return super().train_task(task_name, batch, valid)
 
 
 class CountingRollout(Rollout):
